@@ -1,9 +1,11 @@
 //! File formats: GGUF, safetensors, HF config.json; dequantization.
 
-use thiserror::Error;
+pub mod error;
+pub mod ggml_type;
+pub mod gguf;
+pub mod gguf_writer;
 
-#[derive(Debug, Error)]
-pub enum FormatError {
-    #[error("{0}")]
-    Invalid(String),
-}
+pub use error::FormatError;
+pub use ggml_type::GgmlType;
+pub use gguf::{GgufFile, GgufTensorInfo, MetaArray, MetaValue};
+pub use gguf_writer::GgufWriter;
