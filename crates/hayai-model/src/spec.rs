@@ -38,9 +38,7 @@ impl RopeSpec {
         (0..head_dim / 2)
             .map(|i| {
                 if i < self.rotary_pairs {
-                    let f = self
-                        .theta
-                        .powf(-((2 * i) as f64) / self.dim_base as f64);
+                    let f = self.theta.powf(-((2 * i) as f64) / self.dim_base as f64);
                     (f / self.linear_factor) as f32
                 } else {
                     0.0
@@ -146,7 +144,9 @@ impl ModelSpec {
             if !src.owns_kv(l.kv_source) {
                 return Err(format!("layer {i}: KV donor {} owns no KV", l.kv_source));
             }
-            if src.head_dim != l.head_dim || src.n_kv_heads != l.n_kv_heads || src.sliding != l.sliding
+            if src.head_dim != l.head_dim
+                || src.n_kv_heads != l.n_kv_heads
+                || src.sliding != l.sliding
             {
                 return Err(format!(
                     "layer {i}: KV donor {} has a different attention shape",

@@ -84,12 +84,22 @@ mod tests {
     #[test]
     fn dot_matches_f64_reference() {
         for n in [0usize, 1, 7, 8, 9, 63, 640, 1001] {
-            let a: Vec<f32> = (0..n).map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0).collect();
-            let b: Vec<f32> = (0..n).map(|i| ((i * 104729) % 89) as f32 / 11.0 - 4.0).collect();
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
+                .collect();
+            let b: Vec<f32> = (0..n)
+                .map(|i| ((i * 104729) % 89) as f32 / 11.0 - 4.0)
+                .collect();
             let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
             let got = dot(&a, &b) as f64;
-            assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "n={n}: {got} vs {want}");
-            let a16: Vec<u16> = a.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+            assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "n={n}: {got} vs {want}"
+            );
+            let a16: Vec<u16> = a
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect();
             let want16: f64 = a16
                 .iter()
                 .zip(&b)

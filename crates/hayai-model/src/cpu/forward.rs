@@ -1,0 +1,315 @@
+//! The reference forward pass of a Gemma text decoder (Gemma 3 and Gemma 4) on the CPU.
+//!
+//! Straightforward f32 code organised exactly like the model (GEMMA4.md §3): token batches are
+//! processed layer by layer, K/V appended to per-layer caches, then the final norm and head.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::ops::{attend, gelu_tanh, rms_norm_rows, rope, softcap};
+use crate::runner::{Rows, Runner, RunnerInfo};
+use crate::weights::Model;
+use crate::ModelError;
+
+/// Tokens processed together in one pass through the layers (bounds activation memory).
+const CHUNK: usize = 128;
+
+/// K/V of one cache-owning layer, `[pos][kv_head][head_dim]`, full length (the reference keeps
+/// every position; sliding layers mask by window instead of using a ring).
+#[derive(Clone, Debug, Default)]
+struct KvCache {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+pub struct CpuRunner {
+    model: Arc<Model>,
+    info: RunnerInfo,
+    kv: Vec<Option<KvCache>>,
+    len: usize,
+    inv_freq: Vec<Vec<f32>>,
+    /// Final-normed hidden states of the tokens fed by the last `forward` call.
+    hidden: Vec<f32>,
+}
+
+impl CpuRunner {
+    pub fn new(model: Arc<Model>) -> Result<Self, ModelError> {
+        let spec = &model.spec;
+        spec.validate().map_err(ModelError::Config)?;
+        let kv = (0..spec.n_layers())
+            .map(|i| spec.layers[i].owns_kv(i).then(KvCache::default))
+            .collect();
+        let inv_freq = spec
+            .layers
+            .iter()
+            .map(|l| l.rope.inv_freq(l.head_dim))
+            .collect();
+        let info = RunnerInfo {
+            vocab_size: spec.vocab,
+            max_context: spec.max_context,
+            eos_token_ids: spec.eos_token_ids.clone(),
+            backend: "cpu".into(),
+        };
+        Ok(CpuRunner {
+            model,
+            info,
+            kv,
+            len: 0,
+            inv_freq,
+            hidden: Vec::new(),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// K and V of cache-owning `layer` for positions `0..len()`, `[pos][kv_head][head_dim]`.
+    /// `None` for layers that read a donor's cache.
+    pub fn kv_cache(&self, layer: usize) -> Option<(&[f32], &[f32])> {
+        self.kv[layer].as_ref().map(|c| (&c.k[..], &c.v[..]))
+    }
+
+    /// Final-normed hidden states (`n × hidden`) of the tokens fed by the last `forward` call:
+    /// what the MTP assistant consumes.
+    pub fn hidden_states(&self) -> &[f32] {
+        &self.hidden
+    }
+
+    /// Scaled token embeddings of `tokens` (`n × hidden`).
+    pub fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        let spec = &self.model.spec;
+        let h = spec.hidden;
+        let mut x = vec![0.0f32; tokens.len() * h];
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &mut x[t * h..(t + 1) * h];
+            self.model.weights.embed.row_into(tok as usize, row);
+            row.iter_mut().for_each(|v| *v *= spec.embed_scale);
+        }
+        x
+    }
+
+    /// Per-layer inputs (GEMMA4.md §3.2): `n × n_layers × ple_dim`.
+    fn per_layer_inputs(&self, tokens: &[u32], x0: &[f32]) -> Option<Vec<f32>> {
+        let spec = &self.model.spec;
+        let (ps, pw) = (spec.ple.as_ref()?, self.model.weights.ple.as_ref()?);
+        let (n, nl, d) = (tokens.len(), spec.n_layers(), ps.dim);
+        let width = nl * d;
+        let mut ctx = vec![0.0f32; n * width];
+        pw.model_proj.matmul(x0, &mut ctx);
+        let proj_scale = (spec.hidden as f32).powf(-0.5);
+        ctx.iter_mut().for_each(|v| *v *= proj_scale);
+        rms_norm_rows(&mut ctx, d, Some(&pw.proj_norm), spec.rms_eps);
+        let tok_scale = (d as f32).sqrt();
+        let mix = std::f32::consts::FRAC_1_SQRT_2;
+        let mut row = vec![0.0f32; width];
+        for (t, &tok) in tokens.iter().enumerate() {
+            pw.table.row_into(tok as usize, &mut row);
+            for (c, &e) in ctx[t * width..(t + 1) * width].iter_mut().zip(&row) {
+                *c = (*c + e * tok_scale) * mix;
+            }
+        }
+        Some(ctx)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        let vocab = self.model.spec.vocab;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::TokenOutOfRange { id, vocab });
+        }
+        let total = self.len + tokens.len();
+        if total > self.info.max_context {
+            return Err(ModelError::ContextOverflow {
+                len: total,
+                max: self.info.max_context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Run one chunk through all layers; returns final-normed hidden states `n × hidden`.
+    fn run_chunk(&mut self, tokens: &[u32]) -> Vec<f32> {
+        let model = Arc::clone(&self.model);
+        let (spec, w) = (&model.spec, &model.weights);
+        let (n, h, eps) = (tokens.len(), spec.hidden, spec.rms_eps);
+        let pos0 = self.len;
+        let mut x = self.embed(tokens);
+        let ple = self.per_layer_inputs(tokens, &x);
+
+        let mut a = vec![0.0f32; n * h];
+        for (li, (ls, lw)) in spec.layers.iter().zip(&w.layers).enumerate() {
+            let (hd, nh, nkv) = (ls.head_dim, ls.n_heads, ls.n_kv_heads);
+            // Attention block.
+            a.copy_from_slice(&x);
+            rms_norm_rows(&mut a, h, Some(&lw.attn_norm), eps);
+            let mut q = vec![0.0f32; n * nh * hd];
+            lw.q.matmul(&a, &mut q);
+            rms_norm_rows(&mut q, hd, Some(&lw.q_norm), eps);
+            let inv_freq = &self.inv_freq[li];
+            for (t, qt) in q.chunks_exact_mut(nh * hd).enumerate() {
+                for head in qt.chunks_exact_mut(hd) {
+                    rope(head, pos0 + t, inv_freq);
+                }
+            }
+            if ls.owns_kv(li) {
+                let (wk, wv) = (lw.k.as_ref().unwrap(), lw.v.as_ref().unwrap());
+                let mut k = vec![0.0f32; n * nkv * hd];
+                let mut v = vec![0.0f32; n * nkv * hd];
+                wk.matmul(&a, &mut k);
+                wv.matmul(&a, &mut v);
+                rms_norm_rows(&mut k, hd, lw.k_norm.as_deref(), eps);
+                if spec.v_norm {
+                    rms_norm_rows(&mut v, hd, None, eps);
+                }
+                for (t, kt) in k.chunks_exact_mut(nkv * hd).enumerate() {
+                    for head in kt.chunks_exact_mut(hd) {
+                        rope(head, pos0 + t, inv_freq);
+                    }
+                }
+                let cache = self.kv[li].as_mut().unwrap();
+                cache.k.truncate(pos0 * nkv * hd);
+                cache.v.truncate(pos0 * nkv * hd);
+                cache.k.extend_from_slice(&k);
+                cache.v.extend_from_slice(&v);
+            }
+            let cache = self.kv[ls.kv_source].as_ref().unwrap();
+            let group = nh / nkv;
+            let window = spec.sliding_window;
+            let mut attn = vec![0.0f32; n * nh * hd];
+            attn.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
+                let (t, head) = (idx / nh, idx % nh);
+                let p = pos0 + t;
+                let start = if ls.sliding {
+                    (p + 1).saturating_sub(window)
+                } else {
+                    0
+                };
+                let qh = &q[idx * hd..(idx + 1) * hd];
+                attend(
+                    qh,
+                    &cache.k,
+                    &cache.v,
+                    nkv,
+                    head / group,
+                    start..p + 1,
+                    spec.attn_scale,
+                    spec.attn_softcap,
+                    out,
+                );
+            });
+            let mut o = vec![0.0f32; n * h];
+            lw.o.matmul(&attn, &mut o);
+            rms_norm_rows(&mut o, h, Some(&lw.post_attn_norm), eps);
+            x.iter_mut().zip(&o).for_each(|(xv, ov)| *xv += ov);
+
+            // Feed-forward block (GeGLU).
+            a.copy_from_slice(&x);
+            rms_norm_rows(&mut a, h, Some(&lw.pre_ffn_norm), eps);
+            let im = ls.intermediate;
+            let mut g = vec![0.0f32; n * im];
+            let mut u = vec![0.0f32; n * im];
+            lw.gate.matmul(&a, &mut g);
+            lw.up.matmul(&a, &mut u);
+            g.par_iter_mut()
+                .zip(&u)
+                .for_each(|(gv, uv)| *gv = gelu_tanh(*gv) * uv);
+            let mut d = vec![0.0f32; n * h];
+            lw.down.matmul(&g, &mut d);
+            rms_norm_rows(&mut d, h, Some(&lw.post_ffn_norm), eps);
+            x.iter_mut().zip(&d).for_each(|(xv, dv)| *xv += dv);
+
+            // Per-layer input (Gemma 4).
+            if let (Some(lp), Some(ple), Some(ps)) = (&lw.ple, &ple, &spec.ple) {
+                let pd = ps.dim;
+                let width = spec.n_layers() * pd;
+                let mut gg = vec![0.0f32; n * pd];
+                lp.gate.matmul(&x, &mut gg);
+                for t in 0..n {
+                    let pin = &ple[t * width + li * pd..t * width + (li + 1) * pd];
+                    for (gv, &pv) in gg[t * pd..(t + 1) * pd].iter_mut().zip(pin) {
+                        *gv = gelu_tanh(*gv) * pv;
+                    }
+                }
+                let mut pr = vec![0.0f32; n * h];
+                lp.proj.matmul(&gg, &mut pr);
+                rms_norm_rows(&mut pr, h, Some(&lp.post_norm), eps);
+                x.iter_mut().zip(&pr).for_each(|(xv, pv)| *xv += pv);
+            }
+            if lw.layer_scalar != 1.0 {
+                x.iter_mut().for_each(|v| *v *= lw.layer_scalar);
+            }
+        }
+        rms_norm_rows(&mut x, h, Some(&w.final_norm), eps);
+        self.len = pos0 + n;
+        x
+    }
+
+    /// Logits of hidden rows `hs` (`m × hidden`) into `out` (`m × vocab`), softcapped.
+    fn logits(&self, hs: &[f32], out: &mut [f32]) {
+        let spec = &self.model.spec;
+        self.model.weights.lm_head().matmul(hs, out);
+        if let Some(c) = spec.final_softcap {
+            out.par_iter_mut().for_each(|v| *v = softcap(*v, c));
+        }
+    }
+}
+
+impl Runner for CpuRunner {
+    fn info(&self) -> &RunnerInfo {
+        &self.info
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        let spec = &self.model.spec;
+        for (i, c) in self.kv.iter_mut().enumerate() {
+            if let Some(c) = c {
+                let w = spec.layers[i].kv_dim();
+                c.k.truncate(self.len * w);
+                c.v.truncate(self.len * w);
+            }
+        }
+    }
+
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        rows: Rows,
+        sink: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        self.check_tokens(tokens)?;
+        let (h, vocab) = (self.model.spec.hidden, self.model.spec.vocab);
+        let mut all_hidden = Vec::with_capacity(tokens.len() * h);
+        let mut logits = Vec::new();
+        for (ci, chunk) in tokens.chunks(CHUNK).enumerate() {
+            let hs = self.run_chunk(chunk);
+            let base = ci * CHUNK;
+            match rows {
+                Rows::All => {
+                    logits.resize(chunk.len() * vocab, 0.0);
+                    self.logits(&hs, &mut logits);
+                    for (t, row) in logits.chunks_exact(vocab).enumerate() {
+                        sink(base + t, row);
+                    }
+                }
+                Rows::Last if base + chunk.len() == tokens.len() => {
+                    logits.resize(vocab, 0.0);
+                    self.logits(&hs[(chunk.len() - 1) * h..], &mut logits);
+                    sink(tokens.len() - 1, &logits);
+                }
+                Rows::Last => {}
+            }
+            all_hidden.extend_from_slice(&hs);
+        }
+        self.hidden = all_hidden;
+        Ok(())
+    }
+}
