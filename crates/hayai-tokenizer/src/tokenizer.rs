@@ -564,21 +564,22 @@ impl Tokenizer {
         syms[0].prev = NONE;
 
         let mut heap: BinaryHeap<ScoredPair> = BinaryHeap::with_capacity(syms.len());
-        let try_add = |heap: &mut BinaryHeap<ScoredPair>, syms: &[Sym], left: usize, right: usize| {
-            if left == NONE || right == NONE {
-                return;
-            }
-            let (l, r) = (&syms[left], &syms[right]);
-            let piece = &text[l.start..r.start + r.len];
-            if let Some(&id) = self.token_to_id.get(piece) {
-                heap.push(ScoredPair {
-                    score: scores[id as usize],
-                    left,
-                    right,
-                    size: piece.len(),
-                });
-            }
-        };
+        let try_add =
+            |heap: &mut BinaryHeap<ScoredPair>, syms: &[Sym], left: usize, right: usize| {
+                if left == NONE || right == NONE {
+                    return;
+                }
+                let (l, r) = (&syms[left], &syms[right]);
+                let piece = &text[l.start..r.start + r.len];
+                if let Some(&id) = self.token_to_id.get(piece) {
+                    heap.push(ScoredPair {
+                        score: scores[id as usize],
+                        left,
+                        right,
+                        size: piece.len(),
+                    });
+                }
+            };
         for i in 1..syms.len() {
             try_add(&mut heap, &syms, i - 1, i);
         }
