@@ -1,10 +1,13 @@
 //! File formats: GGUF, safetensors, HF config.json; dequantization.
 
+pub mod convert;
+pub mod dequant;
 pub mod error;
 pub mod ggml_type;
 pub mod gguf;
 pub mod gguf_writer;
 
+pub use dequant::{dequantize, tensor_f32};
 pub use error::FormatError;
 pub use ggml_type::GgmlType;
 pub use gguf::{GgufFile, GgufTensorInfo, MetaArray, MetaValue};
