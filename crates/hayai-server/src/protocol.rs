@@ -54,8 +54,6 @@ pub struct CommonFields {
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionBody {
-    #[serde(flatten)]
-    pub common: CommonFields,
     pub prompt: Option<Value>,
     pub echo: Option<bool>,
     pub logprobs: Option<i64>,
@@ -72,8 +70,6 @@ pub struct RawMessage {
 
 #[derive(Debug, Deserialize)]
 pub struct ChatBody {
-    #[serde(flatten)]
-    pub common: CommonFields,
     pub messages: Vec<RawMessage>,
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
@@ -402,6 +398,8 @@ pub fn parse_prompt(ctx: &Ctx, v: Option<&Value>) -> Result<PromptInput, ApiErro
 }
 
 pub fn prepare_completion(ctx: &Ctx, body: &Value) -> Result<Prepared, ApiError> {
+    // Two passes over the same object (rather than `serde(flatten)`) so errors name the field.
+    let common: CommonFields = from_value(body)?;
     let b: CompletionBody = from_value(body)?;
     if b.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported("suffix", "`suffix` is not supported"));
@@ -410,7 +408,7 @@ pub fn prepare_completion(ctx: &Ctx, body: &Value) -> Result<Prepared, ApiError>
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(t) => ctx
             .text
-            .encode(&t, b.common.add_special_tokens.unwrap_or(true))
+            .encode(&t, common.add_special_tokens.unwrap_or(true))
             .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize: {e}")))?,
     };
     let logprobs = b
@@ -422,7 +420,7 @@ pub fn prepare_completion(ctx: &Ctx, body: &Value) -> Result<Prepared, ApiError>
         .map(|v| check_top(ctx, "prompt_logprobs", v))
         .transpose()?;
     // OpenAI's legacy default for completions.
-    let mut p = build(ctx, &b.common, prompt, b.common.max_tokens, Some(16))?;
+    let mut p = build(ctx, &common, prompt, common.max_tokens, Some(16))?;
     p.echo = b.echo.unwrap_or(false);
     if p.stream && (prompt_logprobs.is_some() || logprobs.is_some()) {
         return Err(ApiError::unsupported(
@@ -485,6 +483,7 @@ fn message_text(i: usize, content: &Option<Value>) -> Result<String, ApiError> {
 }
 
 pub fn prepare_chat(ctx: &Ctx, body: &Value) -> Result<Prepared, ApiError> {
+    let common: CommonFields = from_value(body)?;
     let b: ChatBody = from_value(body)?;
     if b.messages.is_empty() {
         return Err(ApiError::invalid_param(
@@ -532,10 +531,10 @@ pub fn prepare_chat(ctx: &Ctx, body: &Value) -> Result<Prepared, ApiError> {
     // The template already writes BOS.
     let prompt = ctx
         .text
-        .encode(&rendered, b.common.add_special_tokens.unwrap_or(false))
+        .encode(&rendered, common.add_special_tokens.unwrap_or(false))
         .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize: {e}")))?;
-    let max_tokens = b.max_completion_tokens.or(b.common.max_tokens);
-    let mut p = build(ctx, &b.common, prompt, max_tokens, None)?;
+    let max_tokens = b.max_completion_tokens.or(common.max_tokens);
+    let mut p = build(ctx, &common, prompt, max_tokens, None)?;
     let logprobs = match (b.logprobs.unwrap_or(false), b.top_logprobs) {
         (true, k) => Some(check_top(ctx, "top_logprobs", k.unwrap_or(0))?),
         (false, Some(k)) if k > 0 => {
