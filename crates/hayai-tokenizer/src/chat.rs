@@ -231,15 +231,17 @@ impl ChatTemplate {
     }
 
     /// Gemma 3: no system role; system text is prepended (plus a blank line) to the next user turn,
-    /// as the HF template does. Contents are trimmed, like the HF template's `| trim`.
+    /// as the HF template does for a leading system message (later ones are merged the same way rather
+    /// than rejected). User/model contents are trimmed, like the HF template's `| trim`.
     fn render_gemma3(&self, messages: &[ChatMessage], gen: bool) -> Result<String> {
         let mut out = self.bos_token.clone();
         let mut system_prefix = String::new();
         for m in messages {
             let content = m.content.trim();
             match normalize_role(&m.role)? {
+                // Untrimmed, as in the HF template.
                 "system" => {
-                    system_prefix.push_str(content);
+                    system_prefix.push_str(&m.content);
                     system_prefix.push_str("\n\n");
                 }
                 "user" => {
