@@ -122,7 +122,7 @@ fn q6_k_block_by_hand() {
     assert_eq!(y[16], 0.25 * -2.0 * -32.0);
     assert_eq!(y[32], 0.25 * 3.0 * -16.0);
     assert_eq!(y[127], 0.25 * -8.0 * 16.0);
-    assert_eq!(y[128 + 64], 0.25 * -1.0 * 0.0);
+    assert_eq!(y[128 + 64], 0.0); // scale -1 times q = 0
 }
 
 #[test]
