@@ -1,5 +1,6 @@
 //! File formats: GGUF, safetensors, HF config.json; dequantization.
 
+pub mod config;
 pub mod convert;
 pub mod dequant;
 pub mod error;
@@ -8,6 +9,7 @@ pub mod gguf;
 pub mod gguf_writer;
 pub mod safetensors;
 
+pub use config::{ConfigView, HfConfig};
 pub use dequant::{dequantize, tensor_f32};
 pub use error::FormatError;
 pub use ggml_type::GgmlType;
