@@ -13,6 +13,7 @@ mod handlers;
 pub mod metrics;
 pub mod protocol;
 pub mod text;
+mod tokenizer_adapter;
 mod worker;
 
 use std::future::Future;
@@ -29,6 +30,7 @@ pub use error::{ApiError, ServerError};
 pub use handlers::AppState;
 pub use metrics::Metrics;
 pub use text::{ChatMessage, TextModel};
+pub use tokenizer_adapter::HayaiText;
 
 /// Server settings. [`ServerConfig::default`] gives the documented defaults.
 #[derive(Clone, Debug)]
