@@ -14,10 +14,11 @@ fn gerr(msg: impl Into<String>) -> TokenizerError {
     TokenizerError::Gguf(msg.into())
 }
 
-/// Split a GGUF merge entry `"left right"`. The separator search starts at byte 1 so that a left
-/// piece beginning with a space still splits as llama.cpp does.
+/// Split a GGUF merge entry `"left right"`. The separator search starts after the first character so
+/// that a left piece beginning with a space still splits as llama.cpp does.
 fn split_merge(entry: &str) -> Option<(&str, &str)> {
-    let pos = entry.get(1..)?.find(' ')? + 1;
+    let first = entry.chars().next()?.len_utf8();
+    let pos = entry[first..].find(' ')? + first;
     Some((&entry[..pos], &entry[pos + 1..]))
 }
 
@@ -140,6 +141,7 @@ mod tests {
     #[test]
     fn merge_entries_split_at_first_inner_space() {
         assert_eq!(split_merge("▁t he"), Some(("▁t", "he")));
+        assert_eq!(split_merge("▁ a"), Some(("▁", "a")));
         assert_eq!(split_merge("  x"), Some((" ", "x")));
         assert_eq!(split_merge("ab"), None);
         assert_eq!(split_merge(""), None);
