@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod error;
+pub mod load;
 pub mod random;
 pub mod runner;
 pub mod spec;

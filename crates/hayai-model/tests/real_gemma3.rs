@@ -1,0 +1,112 @@
+//! The CPU reference on the real Gemma 3 270M (Q4_K_M GGUF) against llama.cpp's outputs in
+//! ../shared/reference. The model is downloaded by the test command before tests run; a missing
+//! file is a failure, not a skip.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hayai_model::cpu::CpuRunner;
+use hayai_model::load::load_model;
+use hayai_model::{Rows, Runner};
+use serde_json::Value;
+
+fn model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("HAYAI_MODEL_GGUF") {
+        return p.into();
+    }
+    let home = std::env::var_os("HAYAI_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hayai"));
+    home.join("models/gemma-3-270m-q4_k_m.gguf")
+}
+
+fn shared() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+}
+
+fn runner() -> CpuRunner {
+    let p = model_path();
+    assert!(
+        p.exists(),
+        "real model missing at {} (run `hayai fetch-model` or the test command)",
+        p.display()
+    );
+    CpuRunner::new(Arc::new(load_model(&p).expect("load model"))).unwrap()
+}
+
+fn greedy(r: &mut CpuRunner, prompt: &[u32], n: usize) -> Vec<u32> {
+    r.truncate(0);
+    let mut next = 0;
+    r.forward(prompt, Rows::Last, &mut |_, l| {
+        next = hayai_model::argmax(l)
+    })
+    .unwrap();
+    let mut got = vec![next];
+    while got.len() < n {
+        next = r.greedy_step(next).unwrap();
+        got.push(next);
+    }
+    got
+}
+
+/// llama.cpp multiplies its K-quant weights with 8-bit-quantized activations; this model's top
+/// two logits are within a few hundredths of each other at some steps of these prompts, where
+/// the two engines may legitimately pick different tokens. The test records how many leading
+/// tokens agree and holds that floor; docs/validation.md gives the margins at the divergences.
+#[test]
+fn greedy_agreement_with_llama_cpp() {
+    let cases: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(shared().join("reference/gemma3-270m-greedy.json")).unwrap(),
+    )
+    .unwrap();
+    let mut r = runner();
+    let mut agreements = Vec::new();
+    for c in cases {
+        let prompt: Vec<u32> = serde_json::from_value(c["prompt_ids"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(c["greedy_ids"].clone()).unwrap();
+        let got = greedy(&mut r, &prompt, want.len());
+        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        println!(
+            "{:?}: {agree}/{} leading greedy tokens equal to llama.cpp",
+            c["prompt"],
+            want.len()
+        );
+        agreements.push(agree);
+    }
+    // Measured 2026-11-29: 15 and 3 (divergences at near-ties, margins 0.012 and 0.041).
+    assert!(agreements[0] >= 15 && agreements[1] >= 3, "{agreements:?}");
+}
+
+#[test]
+fn apache_ppl_matches_llama_cpp() {
+    let text =
+        std::fs::read_to_string(shared().join("reference/apache-2.0-ppl-records.jsonl")).unwrap();
+    let mut r = runner();
+    let (mut nll, mut n) = (0.0f64, 0usize);
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let rec: Value = serde_json::from_str(line).unwrap();
+        let ctx: Vec<u32> = serde_json::from_value(rec["context_token_ids"].clone()).unwrap();
+        let tgt: Vec<u32> = serde_json::from_value(rec["target_token_ids"].clone()).unwrap();
+        let mut seq = ctx.clone();
+        seq.extend_from_slice(&tgt);
+        r.truncate(0);
+        r.forward(&seq, Rows::All, &mut |i, logits| {
+            if i + 1 >= ctx.len() && i + 1 < seq.len() {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let lse = max
+                    + logits
+                        .iter()
+                        .map(|&x| (x as f64 - max).exp())
+                        .sum::<f64>()
+                        .ln();
+                nll += lse - logits[seq[i + 1] as usize] as f64;
+                n += 1;
+            }
+        })
+        .unwrap();
+    }
+    let ppl = (nll / n as f64).exp();
+    println!("apache-2.0 ppl {ppl:.4} over {n} tokens (llama.cpp 10.1496)");
+    assert_eq!(n, 1020);
+    assert!((ppl / 10.1496 - 1.0).abs() < 0.015, "ppl {ppl}");
+}
