@@ -129,11 +129,12 @@ fn serve(stream: TcpStream, handler: &Handler, log: &Mutex<Vec<MockRequest>>) {
 }
 
 fn write_plain(out: &mut TcpStream, status: u16, body: &str) -> std::io::Result<()> {
-    write!(
-        out,
+    // One write: piecewise writes on a raw socket hit Nagle + delayed-ACK stalls (~40 ms).
+    let msg = format!(
         "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )?;
+    );
+    out.write_all(msg.as_bytes())?;
     out.flush()
 }
 
