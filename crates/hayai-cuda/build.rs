@@ -1,0 +1,107 @@
+//! Compiles `kernels/*.cu` into one fatbin (SASS for sm_80/86/89/90 plus compute_80 PTX) that the
+//! crate embeds with `include_bytes!`. nvcc is looked up in `HAYAI_NVCC`, then in the workspace's
+//! `.venv` (made by `scripts/setup-cuda.sh`), then on `PATH`. `HAYAI_NO_CUDA=1` builds without
+//! kernels (CPU-only binary).
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ARCHS: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90"];
+const PTX_ARCH: &str = "compute_80";
+
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(hayai_no_cuda)");
+    println!("cargo::rerun-if-env-changed=HAYAI_NVCC");
+    println!("cargo::rerun-if-env-changed=HAYAI_NO_CUDA");
+    println!("cargo::rerun-if-changed=kernels");
+    println!("cargo::rerun-if-changed=build.rs");
+
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let fatbin = out.join("hayai_kernels.fatbin");
+
+    let mut sources: Vec<PathBuf> = fs::read_dir(manifest.join("kernels"))
+        .expect("kernels/ directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    for s in &sources {
+        println!("cargo::rerun-if-changed={}", s.display());
+    }
+
+    if env::var("HAYAI_NO_CUDA").is_ok_and(|v| v == "1") {
+        println!("cargo::rustc-cfg=hayai_no_cuda");
+        fs::write(&fatbin, []).unwrap();
+        println!("cargo::rustc-env=HAYAI_CUDA_ARCHS=");
+        println!("cargo::rustc-env=HAYAI_CUDA_KERNELS=0");
+        return;
+    }
+
+    let nvcc = find_nvcc(&manifest).unwrap_or_else(|| {
+        panic!(
+            "\n\nhayai-cuda: nvcc (CUDA 13.0) not found.\n  Run `scripts/setup-cuda.sh` (installs it into ./.venv), or set HAYAI_NVCC=/path/to/nvcc,\n  or build a CPU-only binary with HAYAI_NO_CUDA=1.\n\n"
+        )
+    });
+
+    // One translation unit including every kernel file, so the fatbin is a single module.
+    let mut unit = String::new();
+    let mut kernels = 0usize;
+    for s in &sources {
+        unit.push_str(&format!("#include \"{}\"\n", s.display()));
+        let text = fs::read_to_string(s).unwrap();
+        kernels += text.matches("__global__").count();
+    }
+    let unit_path = out.join("hayai_kernels.cu");
+    fs::write(&unit_path, unit).unwrap();
+
+    let mut cmd = Command::new(&nvcc);
+    cmd.arg("-fatbin")
+        .arg("-O3")
+        .arg("-std=c++17")
+        .arg("--threads")
+        .arg("0")
+        .arg("-I")
+        .arg(manifest.join("kernels"));
+    for a in ARCHS {
+        let num = &a[3..];
+        cmd.arg(format!("-gencode=arch=compute_{num},code={a}"));
+    }
+    cmd.arg(format!("-gencode=arch={PTX_ARCH},code={PTX_ARCH}"));
+    cmd.arg("-o").arg(&fatbin).arg(&unit_path);
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("hayai-cuda: running {}: {e}", nvcc.display()));
+    if !status.success() {
+        panic!("hayai-cuda: nvcc failed ({status}) compiling kernels/*.cu");
+    }
+    let mut archs: Vec<String> = ARCHS.iter().map(|s| s.to_string()).collect();
+    archs.push(PTX_ARCH.to_string());
+    println!("cargo::rustc-env=HAYAI_CUDA_ARCHS={}", archs.join(","));
+    println!("cargo::rustc-env=HAYAI_CUDA_KERNELS={kernels}");
+}
+
+fn find_nvcc(manifest: &Path) -> Option<PathBuf> {
+    if let Some(p) = env::var("HAYAI_NVCC").ok().filter(|v| !v.is_empty()) {
+        let p = PathBuf::from(p);
+        return p.is_file().then_some(p);
+    }
+    let root = manifest.parent()?.parent()?;
+    let lib = root.join(".venv").join("lib");
+    if let Ok(entries) = fs::read_dir(&lib) {
+        let mut dirs: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        dirs.sort();
+        for d in dirs {
+            let p = d.join("site-packages/nvidia/cu13/bin/nvcc");
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    let path = env::var_os("PATH")?;
+    env::split_paths(&path)
+        .map(|d| d.join("nvcc"))
+        .find(|p| p.is_file())
+}

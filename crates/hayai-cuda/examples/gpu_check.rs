@@ -1,0 +1,103 @@
+//! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
+//!
+//! usage: gpu_check [parity] [e4b-parity] [bench] [bench-bf16]   (default: all)
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hayai_cuda::bench::{bench_engine, BenchOptions};
+use hayai_cuda::check::{graph_matches_eager, parity};
+use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
+use hayai_cuda::Quant;
+use hayai_model::random::random_model;
+use hayai_model::Arch;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let want = |k: &str| args.is_empty() || args.iter().any(|a| a == k);
+    let b = hayai_cuda::build_info();
+    println!(
+        "build: archs {:?}, {} kernels, fatbin {} bytes",
+        b.cuda_archs, b.cuda_kernels, b.fatbin_bytes
+    );
+    let Some(g) = hayai_cuda::probe() else {
+        println!("no CUDA device found");
+        std::process::exit(2);
+    };
+    println!("gpu: {g:?}");
+    let mut failures = 0;
+    let mut check = |name: &str, ok: bool, line: String| {
+        println!("[{}] {name}: {line}", if ok { "PASS" } else { "FAIL" });
+        if !ok {
+            failures += 1;
+        }
+    };
+
+    if want("parity") {
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let m = random_model(&small_spec(arch), seed);
+            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+            for q in [Quant::Bf16, Quant::Int4] {
+                match parity(&m, q, &p, 300, true) {
+                    Ok(r) => check(name, r.rel_l2 < 1e-4 && r.greedy_identical(), r.line()),
+                    Err(e) => check(name, false, e.to_string()),
+                }
+            }
+            match graph_matches_eager(&m, Quant::Int4, &p[..8]) {
+                Ok(ok) => check(name, ok, "graph replay == eager launches".into()),
+                Err(e) => check(name, false, e.to_string()),
+            }
+        }
+    }
+    if want("e4b-parity") {
+        let t = Instant::now();
+        let m = random_model_bf16(&e4b_spec(), 7);
+        println!(
+            "e4b synthetic model built in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        for (q, steps) in [(Quant::Bf16, 8), (Quant::Int4, 8)] {
+            let t = Instant::now();
+            match parity(&m, q, &p, steps, true) {
+                Ok(r) => check("e4b", r.rel_l2 < 1e-3 && r.greedy_identical(), r.line()),
+                Err(e) => check("e4b", false, e.to_string()),
+            }
+            println!("  ({:.1} s)", t.elapsed().as_secs_f64());
+        }
+    }
+    if want("bench") || want("bench-bf16") {
+        let t = Instant::now();
+        let m = Arc::new(random_model_bf16(&e4b_spec(), 7));
+        println!(
+            "e4b synthetic model built in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let mut qs = Vec::new();
+        if want("bench") {
+            qs.push(Quant::Int4);
+        }
+        if args.is_empty() || want("bench-bf16") {
+            qs.push(Quant::Bf16);
+        }
+        for q in qs {
+            let opts = BenchOptions {
+                quant: q,
+                ..Default::default()
+            };
+            match bench_engine(m.clone(), &opts) {
+                Ok(r) => println!(
+                    "== bench-engine synth:e4b --quant {} --prompt-len 128 --gen 512\n{}",
+                    q.name(),
+                    r.to_text()
+                ),
+                Err(e) => check("bench", false, e.to_string()),
+            }
+        }
+    }
+    println!("failures: {failures}");
+    std::process::exit(if failures == 0 { 0 } else { 1 });
+}

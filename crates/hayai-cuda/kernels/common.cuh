@@ -1,0 +1,47 @@
+// Shared helpers for the hayai kernels. Activations are f32 everywhere (they are a few KB per
+// step); weights are bf16 or int4. Every kernel is `extern "C"` so the host finds it by name.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define HAYAI_FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16_to_f32(uint16_t b) {
+    return __uint_as_float(((uint32_t)b) << 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(HAYAI_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(HAYAI_FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds >= 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < nwarps; i++) t += scratch[i];
+    return t;
+}
+
+// tanh-approximated GELU (gelu_pytorch_tanh), in f32.
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// Streaming 16-byte load of weights that are read once per step.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __ldcs(p); }

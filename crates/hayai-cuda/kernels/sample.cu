@@ -1,0 +1,82 @@
+// Final logit softcap and a two-stage argmax (lowest index wins ties, NaN never wins), so only
+// the token id leaves the device.
+#include "common.cuh"
+
+struct ArgmaxParams {
+    float* logits;    // [n] (softcapped in place)
+    float* blk_val;   // [blocks]
+    int* blk_idx;     // [blocks]
+    int* step_io;     // [tok, pos]: stage 2 stores the argmax as the next input, pos += 1
+    int* out_tok;     // [1]
+    int n, blocks;
+    float softcap;    // 0: none
+};
+
+__device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
+    // v > bv is false for NaN, so NaN never wins; equal values keep the lower index.
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+__device__ void block_argmax(float& bv, int& bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(HAYAI_FULL_MASK, bv, o);
+        int oi = __shfl_xor_sync(HAYAI_FULL_MASK, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int nw = blockDim.x >> 5;
+        bv = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(HAYAI_FULL_MASK, bv, o);
+            int oi = __shfl_xor_sync(HAYAI_FULL_MASK, bi, o);
+            better(bv, bi, ov, oi);
+        }
+    }
+}
+
+extern "C" __global__ void argmax_stage1(const ArgmaxParams p) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x) {
+        float v = p.logits[i];
+        if (p.softcap > 0.f) {
+            v = p.softcap * tanhf(v / p.softcap);
+            p.logits[i] = v;
+        }
+        better(bv, bi, v, i);
+    }
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        p.blk_val[blockIdx.x] = bv;
+        p.blk_idx[blockIdx.x] = bi;
+    }
+}
+
+// One block over the stage-1 results.
+extern "C" __global__ void argmax_stage2(const ArgmaxParams p) {
+    const int blocks = p.blocks;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < blocks; i += blockDim.x) better(bv, bi, p.blk_val[i], p.blk_idx[i]);
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        const int tok = bi == 0x7fffffff ? 0 : bi;
+        *p.out_tok = tok;
+        p.step_io[0] = tok;
+        p.step_io[1] += 1;
+    }
+}

@@ -1,0 +1,187 @@
+//! The CUDA context, the embedded kernel module and raw device buffers.
+//!
+//! Buffers are plain `cuMemAlloc` allocations addressed by raw pointers: the decode plan bakes
+//! those pointers into kernel parameters once, and a CUDA graph replays them.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+
+use crate::CudaError;
+
+pub(crate) static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hayai_kernels.fatbin"));
+
+pub(crate) fn drv(e: result::DriverError) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+/// A device allocation, freed on drop.
+pub struct DevBuf {
+    pub(crate) ptr: u64,
+    ctx: Arc<CudaContext>,
+}
+
+impl DevBuf {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Pointer `elems` elements of `T` into the buffer.
+    pub fn at<T>(&self, elems: usize) -> u64 {
+        self.ptr + (elems * std::mem::size_of::<T>()) as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ptr != 0 && self.ctx.bind_to_thread().is_ok() {
+            unsafe {
+                let _ = result::free_sync(self.ptr);
+            }
+        }
+    }
+}
+
+pub(crate) struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    pub name: String,
+    pub sm_count: i32,
+}
+
+pub(crate) const KERNELS: &[&str] = &[
+    "gemv",
+    "qk_norm_rope",
+    "attn_split",
+    "attn_combine",
+    "argmax_stage1",
+    "argmax_stage2",
+    "ple_combine",
+    "read_bw",
+];
+
+impl Gpu {
+    pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {
+        if FATBIN.is_empty() {
+            return Err(CudaError::NotBuilt);
+        }
+        if crate::probe_ordinal(ordinal).is_none() {
+            return Err(CudaError::NoDevice(format!("no CUDA device {ordinal}")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv)?;
+        // One stream, ordered by construction: the slices' event tracking is not needed and
+        // would break graph capture.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv)?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(FATBIN.to_vec()))
+            .map_err(drv)?;
+        let mut funcs = HashMap::new();
+        for &k in KERNELS {
+            funcs.insert(k, module.load_function(k).map_err(drv)?);
+        }
+        let name = ctx.name().map_err(drv)?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv)?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            _module: module,
+            funcs,
+            name,
+            sm_count,
+        })
+    }
+
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv)
+    }
+
+    pub fn func(&self, name: &str) -> sys::CUfunction {
+        self.funcs[name].cu_function()
+    }
+
+    /// Raise a kernel's dynamic shared-memory limit (needed above 48 KB).
+    pub fn set_max_dynamic_smem(&self, name: &str, bytes: usize) -> Result<(), CudaError> {
+        unsafe {
+            result::function::set_function_attribute(
+                self.func(name),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(drv)
+        }
+    }
+
+    pub fn max_smem_optin(&self) -> Result<usize, CudaError> {
+        Ok(self
+            .ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(drv)? as usize)
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        self.bind()?;
+        let bytes = bytes.max(16);
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            CudaError::Driver(format!("allocating {bytes} bytes on the GPU: {e:?}"))
+        })?;
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(drv)?;
+        Ok(DevBuf {
+            ptr,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf, CudaError> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        if !data.is_empty() {
+            unsafe { result::memcpy_htod_sync(b.ptr, data) }.map_err(drv)?;
+        }
+        Ok(b)
+    }
+
+    /// Copy `data` into device memory at `ptr`, ordered on the stream.
+    pub fn write<T: Copy>(&self, ptr: u64, data: &[T]) -> Result<(), CudaError> {
+        unsafe { result::memcpy_htod_async(ptr, data, self.stream.cu_stream()) }.map_err(drv)
+    }
+
+    /// Copy device memory at `ptr` into `out` after the stream's pending work.
+    pub fn read<T: Copy>(&self, ptr: u64, out: &mut [T]) -> Result<(), CudaError> {
+        unsafe { result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }.map_err(drv)?;
+        self.sync()
+    }
+
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(drv)
+    }
+
+    /// Launch `name` with one by-value parameter struct.
+    pub fn launch<P: Copy>(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        params: &P,
+    ) -> Result<(), CudaError> {
+        let mut args = [params as *const P as *mut c_void];
+        unsafe {
+            result::launch_kernel(
+                f,
+                grid,
+                (block, 1, 1),
+                smem,
+                self.stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(drv)
+    }
+}

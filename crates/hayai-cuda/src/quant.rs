@@ -1,0 +1,238 @@
+//! Weight formats of the GPU backend and their exact CPU twins.
+//!
+//! * bf16: every value rounded to nearest-even bf16.
+//! * int4: group 128 along the input dimension, symmetric, one bf16 scale per group
+//!   (`scale = bf16(amax / 7)`, `q = clamp(round(w / scale), -8, 7)`, value `q * scale`), packed in
+//!   the GEMV layout documented in `kernels/gemv.cu`.
+//!
+//! [`quantize_model_int4`] and [`round_model_bf16`] give the CPU reference the very weights the
+//! GPU uses, so the two backends can be compared exactly.
+
+use half::bf16;
+use hayai_model::weights::Storage;
+use hayai_model::{Matrix, Model};
+use rayon::prelude::*;
+
+/// Columns per int4 group.
+pub const GROUP: usize = 128;
+
+/// An int4 matrix in the GPU's packed layout.
+#[derive(Clone, Debug)]
+pub struct Int4Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    /// `rows * cols / 2` bytes.
+    pub packed: Vec<u8>,
+    /// bf16 bits, `[rows][cols / 128]`.
+    pub scales: Vec<u16>,
+}
+
+/// Whether a matrix of `cols` columns can be stored as int4 (else it stays bf16).
+pub fn int4_eligible(cols: usize) -> bool {
+    cols > 0 && cols % GROUP == 0
+}
+
+/// Byte offset (within a row) and nibble shift of column `c` in the packed layout: group `g`
+/// holds 64 bytes, lane `l` of the row's quad owns 16 of them, nibble `k` of its 32-bit word `u`
+/// is column `16 * (2u + k / 4) + 4l + k % 4`.
+#[inline]
+pub fn int4_position(c: usize) -> (usize, u32) {
+    let g = c / GROUP;
+    let r = c % GROUP;
+    let m = r / 16; // 0..8
+    let l = (r % 16) / 4;
+    let e = r % 4;
+    let u = m / 2;
+    let k = 4 * (m % 2) + e;
+    (g * 64 + l * 16 + u * 4 + k / 2, 4 * (k as u32 % 2))
+}
+
+fn quantize_group(vals: &[f32]) -> (u16, Vec<i8>) {
+    let amax = vals.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = bf16::from_f32(amax / 7.0);
+    let s = scale.to_f32();
+    let q = vals
+        .iter()
+        .map(|&v| {
+            if s == 0.0 || !s.is_finite() {
+                0
+            } else {
+                (v / s).round().clamp(-8.0, 7.0) as i8
+            }
+        })
+        .collect();
+    (scale.to_bits(), q)
+}
+
+/// RTN int4 quantization of `m` (which must have `cols % 128 == 0`).
+pub fn quantize_int4(m: &Matrix) -> Int4Matrix {
+    assert!(int4_eligible(m.cols), "int4 needs cols % 128 == 0");
+    let (rows, cols) = (m.rows, m.cols);
+    let groups = cols / GROUP;
+    let mut packed = vec![0u8; rows * cols / 2];
+    let mut scales = vec![0u16; rows * groups];
+    packed
+        .par_chunks_mut(cols / 2)
+        .zip(scales.par_chunks_mut(groups))
+        .enumerate()
+        .for_each(|(r, (prow, srow))| {
+            let row = m.row(r);
+            for g in 0..groups {
+                let (s, q) = quantize_group(&row[g * GROUP..(g + 1) * GROUP]);
+                srow[g] = s;
+                for (i, &qi) in q.iter().enumerate() {
+                    let (byte, shift) = int4_position(g * GROUP + i);
+                    prow[byte] |= (((qi + 8) as u8) & 0xF) << shift;
+                }
+            }
+        });
+    Int4Matrix {
+        rows,
+        cols,
+        packed,
+        scales,
+    }
+}
+
+impl Int4Matrix {
+    /// Quantized value (-8..7) at `(r, c)`.
+    pub fn q(&self, r: usize, c: usize) -> i8 {
+        let (byte, shift) = int4_position(c);
+        ((self.packed[r * self.cols / 2 + byte] >> shift) & 0xF) as i8 - 8
+    }
+
+    /// The exact values the GPU multiplies with (`q * scale`, exact in f32).
+    pub fn dequantize(&self) -> Matrix {
+        let groups = self.cols / GROUP;
+        let mut data = vec![0.0f32; self.rows * self.cols];
+        data.par_chunks_mut(self.cols)
+            .enumerate()
+            .for_each(|(r, out)| {
+                for (c, o) in out.iter_mut().enumerate() {
+                    let s = bf16::from_bits(self.scales[r * groups + c / GROUP]).to_f32();
+                    *o = self.q(r, c) as f32 * s;
+                }
+            });
+        Matrix::from_f32(self.rows, self.cols, data)
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        self.packed.len() + self.scales.len() * 2
+    }
+}
+
+/// bf16 bits of every value of `m` (round to nearest even).
+pub fn to_bf16_bits(m: &Matrix) -> Vec<u16> {
+    match &m.data {
+        Storage::Bf16(v) => v.clone(),
+        Storage::F32(v) => v.par_iter().map(|&x| bf16::from_f32(x).to_bits()).collect(),
+    }
+}
+
+fn bf16_matrix(m: &Matrix) -> Matrix {
+    Matrix::from_bf16_bits(m.rows, m.cols, to_bf16_bits(m))
+}
+
+/// The model as the bf16 GPU plan sees it: every matrix rounded to bf16.
+pub fn round_model_bf16(model: &Model) -> Model {
+    let mut m = model.clone();
+    let round = |x: &mut Matrix| {
+        if !x.is_bf16() {
+            *x = bf16_matrix(x);
+        }
+    };
+    round(&mut m.weights.embed);
+    if let Some(p) = m.weights.ple.as_mut() {
+        round(&mut p.table);
+    }
+    m.weights.for_each_linear_mut(|_, x| round(x));
+    m
+}
+
+/// The model as the int4 GPU plan sees it: projections (the output head included, untied from
+/// the embedding) replaced by their dequantized int4 values where `cols % 128 == 0`, bf16
+/// elsewhere; embedding and PLE tables (gathers, not streamed) rounded to bf16.
+pub fn quantize_model_int4(model: &Model) -> Model {
+    let mut m = model.clone();
+    let head = if m.weights.lm_head.is_none() {
+        Some(m.weights.embed.clone())
+    } else {
+        None
+    };
+    if let Some(h) = head {
+        m.weights.lm_head = Some(h);
+    }
+    m.weights.embed = bf16_matrix(&m.weights.embed);
+    if let Some(p) = m.weights.ple.as_mut() {
+        p.table = bf16_matrix(&p.table);
+    }
+    m.weights.for_each_linear_mut(|_, x| {
+        *x = if int4_eligible(x.cols) {
+            quantize_int4(x).dequantize()
+        } else {
+            bf16_matrix(x)
+        };
+    });
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_matrix(rows: usize, cols: usize, seed: u64) -> Matrix {
+        let mut r = hayai_model::random::SplitMix::new(seed);
+        Matrix::from_f32(rows, cols, (0..rows * cols).map(|_| r.uniform()).collect())
+    }
+
+    #[test]
+    fn positions_are_a_permutation() {
+        let mut seen = vec![false; 128 * 2];
+        for c in 0..256 {
+            let (b, s) = int4_position(c);
+            let slot = b * 2 + (s / 4) as usize;
+            assert!(!seen[slot], "column {c} collides");
+            seen[slot] = true;
+        }
+        assert!(seen.iter().all(|&x| x));
+    }
+
+    #[test]
+    fn int4_round_trip_error_is_bounded_by_half_a_step() {
+        let m = rand_matrix(5, 384, 7);
+        let q = quantize_int4(&m);
+        let d = q.dequantize().to_f32();
+        let orig = m.to_f32();
+        for r in 0..5 {
+            for g in 0..3 {
+                let s = bf16::from_bits(q.scales[r * 3 + g]).to_f32();
+                for c in g * 128..(g + 1) * 128 {
+                    let e = (d[r * 384 + c] - orig[r * 384 + c]).abs();
+                    // amax / 7 rounded to bf16 can be slightly low, so the clamp may add a bit.
+                    assert!(e <= 0.5 * s + s / 64.0, "r{r} c{c}: err {e} step {s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zero_group_quantizes_to_zero() {
+        let m = Matrix::from_f32(1, 128, vec![0.0; 128]);
+        let q = quantize_int4(&m);
+        assert!(q.dequantize().to_f32().iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn int4_model_unties_head_and_keeps_embedding_bf16() {
+        let spec = crate::synth::small_spec(hayai_model::Arch::Gemma4);
+        let model = hayai_model::random::random_model(&spec, 1);
+        let q = quantize_model_int4(&model);
+        assert!(q.weights.lm_head.is_some());
+        assert!(q.weights.embed.is_bf16());
+        let e0 = model.weights.embed.row(3);
+        let e1 = q.weights.embed.row(3);
+        for (a, b) in e0.iter().zip(&e1) {
+            assert_eq!(bf16::from_f32(*a).to_f32(), *b);
+        }
+    }
+}

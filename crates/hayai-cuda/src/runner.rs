@@ -1,0 +1,1100 @@
+//! [`CudaRunner`]: weights on the GPU, a fixed decode plan (a list of kernel launches whose
+//! pointers never change), captured once as a CUDA graph and replayed per token.
+//!
+//! Per-step inputs live in a device buffer `step_io = [token, position]`; the argmax kernel at
+//! the end of the graph writes the next token there and advances the position, so consecutive
+//! greedy steps copy nothing to the device and only the 4-byte token id back.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaGraph};
+use hayai_model::{Model, ModelError, Rows, Runner, RunnerInfo};
+
+use crate::device::{drv, DevBuf, Gpu};
+use crate::quant::{int4_eligible, quantize_int4, to_bf16_bits};
+use crate::CudaError;
+
+/// Weight format of the projections on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quant {
+    Bf16,
+    /// int4, group 128, bf16 scales (matrices whose width is not a multiple of 128 stay bf16).
+    Int4,
+}
+
+impl Quant {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Quant::Bf16 => "bf16",
+            Quant::Int4 => "int4",
+        }
+    }
+}
+
+impl std::str::FromStr for Quant {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bf16" => Ok(Quant::Bf16),
+            "int4" => Ok(Quant::Int4),
+            _ => Err(format!(
+                "unknown quantization `{s}` (expected bf16 or int4)"
+            )),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    pub quant: Quant,
+    /// Longest sequence; default `min(spec.max_context, 8192)`.
+    pub max_context: Option<usize>,
+    pub device_ordinal: usize,
+    /// Replay the step as a CUDA graph (default); off launches kernels one by one (for checks).
+    pub use_graph: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            quant: Quant::Int4,
+            max_context: None,
+            device_ordinal: 0,
+            use_graph: true,
+        }
+    }
+}
+
+/// Extra ring slots of sliding layers beyond the window, so a rollback ([`Runner::truncate`]) of
+/// up to this many positions keeps the window intact.
+pub const RING_SLACK: usize = 256;
+
+/// Boxed runner for the engine.
+pub fn load_runner(model: Arc<Model>, opts: CudaOptions) -> Result<Box<dyn Runner>, CudaError> {
+    Ok(Box::new(CudaRunner::new(model, opts)?))
+}
+
+// Parameter blocks, mirrored field by field from the kernels' structs.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GemvParams {
+    w: u64,
+    scales: u64,
+    out: u64,
+    input: u64,
+    act_mult: u64,
+    res_in: u64,
+    res_out: u64,
+    res_w: u64,
+    norm_w: u64,
+    gather_tok: u64,
+    gather_table: u64,
+    rows: i32,
+    cols: i32,
+    splits: i32,
+    glu: i32,
+    in_splits: i32,
+    in_ld: i32,
+    res_scalar: f32,
+    eps: f32,
+    gather_scale: f32,
+    int4: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RopeParams {
+    qkv: u64,
+    q_out: u64,
+    k_cache: u64,
+    v_cache: u64,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
+    pos: u64,
+    splits: i32,
+    ld: i32,
+    nh: i32,
+    nkv: i32,
+    hd: i32,
+    cap: i32,
+    v_norm: i32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct AttnParams {
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    part_ml: u64,
+    part_acc: u64,
+    out: u64,
+    pos: u64,
+    nh: i32,
+    nkv: i32,
+    hd: i32,
+    cap: i32,
+    window: i32,
+    splits: i32,
+    scale: f32,
+    softcap: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ArgmaxParams {
+    logits: u64,
+    blk_val: u64,
+    blk_idx: u64,
+    step_io: u64,
+    out_tok: u64,
+    n: i32,
+    blocks: i32,
+    softcap: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PleParams {
+    tok: u64,
+    table: u64,
+    ctx: u64,
+    norm_w: u64,
+    out: u64,
+    splits: i32,
+    ld: i32,
+    dim: i32,
+    tok_scale: f32,
+    ctx_scale: f32,
+    mix_scale: f32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct BwParams {
+    pub data: u64,
+    pub n16: u64,
+    pub sink: u64,
+}
+
+/// One recorded kernel launch of the decode plan.
+pub(crate) struct Launch {
+    pub label: &'static str,
+    func: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    params: Vec<u64>,
+}
+
+impl Launch {
+    fn new<P: Copy>(
+        gpu: &Gpu,
+        label: &'static str,
+        kernel: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        p: &P,
+    ) -> Launch {
+        let n = std::mem::size_of::<P>().div_ceil(8);
+        let mut params = vec![0u64; n];
+        // SAFETY: P is a plain #[repr(C)] struct of integers; copying its bytes is exact.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                p as *const P as *const u8,
+                params.as_mut_ptr() as *mut u8,
+                std::mem::size_of::<P>(),
+            );
+        }
+        Launch {
+            label,
+            func: gpu.func(kernel),
+            grid,
+            block,
+            smem,
+            params,
+        }
+    }
+
+    pub fn run(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        let mut args = [self.params.as_ptr() as *mut std::ffi::c_void];
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.func,
+                self.grid,
+                (self.block, 1, 1),
+                self.smem,
+                gpu.stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(drv)
+    }
+}
+
+/// A projection (or several fused by rows) on the GPU.
+struct DevMat {
+    w: u64,
+    scales: u64,
+    rows: usize,
+    cols: usize,
+    int4: bool,
+    bytes: usize,
+    _bufs: Vec<DevBuf>,
+}
+
+/// Upload `mats` (same width) concatenated by rows, or interleaved row by row when
+/// `interleave` (gate/up pairs for the fused GeGLU GEMV).
+fn upload_mats(
+    gpu: &Gpu,
+    mats: &[&hayai_model::Matrix],
+    interleave: bool,
+    quant: Quant,
+) -> Result<DevMat, CudaError> {
+    let cols = mats[0].cols;
+    if mats.iter().any(|m| m.cols != cols) {
+        return Err(CudaError::Unsupported(
+            "fused matrices differ in width".into(),
+        ));
+    }
+    let rows: usize = mats.iter().map(|m| m.rows).sum();
+    if interleave && mats.iter().any(|m| m.rows != mats[0].rows) {
+        return Err(CudaError::Unsupported("gate/up differ in height".into()));
+    }
+    // Order of (matrix, row) pairs in the uploaded matrix.
+    let order: Vec<(usize, usize)> = if interleave {
+        (0..mats[0].rows)
+            .flat_map(|r| (0..mats.len()).map(move |m| (m, r)))
+            .collect()
+    } else {
+        mats.iter()
+            .enumerate()
+            .flat_map(|(m, x)| (0..x.rows).map(move |r| (m, r)))
+            .collect()
+    };
+    if quant == Quant::Int4 && int4_eligible(cols) {
+        let qs: Vec<_> = mats.iter().map(|m| quantize_int4(m)).collect();
+        let (rb, g) = (cols / 2, cols / 128);
+        let mut packed = Vec::with_capacity(rows * rb);
+        let mut scales = Vec::with_capacity(rows * g);
+        for &(m, r) in &order {
+            packed.extend_from_slice(&qs[m].packed[r * rb..(r + 1) * rb]);
+            scales.extend_from_slice(&qs[m].scales[r * g..(r + 1) * g]);
+        }
+        let wb = gpu.upload(&packed)?;
+        let sb = gpu.upload(&scales)?;
+        return Ok(DevMat {
+            w: wb.ptr(),
+            scales: sb.ptr(),
+            rows,
+            cols,
+            int4: true,
+            bytes: packed.len() + scales.len() * 2,
+            _bufs: vec![wb, sb],
+        });
+    }
+    if cols % 32 != 0 {
+        return Err(CudaError::Unsupported(format!(
+            "matrix width {cols} is not a multiple of 32"
+        )));
+    }
+    let bits: Vec<Vec<u16>> = mats.iter().map(|m| to_bf16_bits(m)).collect();
+    let mut data = Vec::with_capacity(rows * cols);
+    for &(m, r) in &order {
+        data.extend_from_slice(&bits[m][r * cols..(r + 1) * cols]);
+    }
+    let wb = gpu.upload(&data)?;
+    Ok(DevMat {
+        w: wb.ptr(),
+        scales: 0,
+        rows,
+        cols,
+        int4: false,
+        bytes: data.len() * 2,
+        _bufs: vec![wb],
+    })
+}
+
+struct DevLayer {
+    qkv: DevMat,
+    o: DevMat,
+    gateup: DevMat,
+    down: DevMat,
+    ple_gate: Option<DevMat>,
+    ple_proj: Option<DevMat>,
+    attn_norm: DevBuf,
+    q_norm: DevBuf,
+    k_norm: Option<DevBuf>,
+    post_attn: DevBuf,
+    pre_ffn: DevBuf,
+    post_ffn: DevBuf,
+    ple_post: Option<DevBuf>,
+    inv_freq: DevBuf,
+    kv: Option<(DevBuf, DevBuf)>,
+    cap: usize,
+    attn_splits: usize,
+}
+
+struct Scratch {
+    h: [DevBuf; 2],
+    qkv_part: DevBuf,
+    q: DevBuf,
+    attn_ml: DevBuf,
+    attn_acc: DevBuf,
+    attn_out: DevBuf,
+    o_part: DevBuf,
+    ffn_act: DevBuf,
+    down_part: DevBuf,
+    pg_part: DevBuf,
+    pp_part: DevBuf,
+    plp_part: DevBuf,
+    ple_out: DevBuf,
+    logits: DevBuf,
+    blk_val: DevBuf,
+    blk_idx: DevBuf,
+    step_io: DevBuf,
+    out_tok: DevBuf,
+}
+
+const GEMV_ROWS_PER_BLOCK: usize = 64;
+const MAX_SPLITS: usize = 16;
+const ARGMAX_BLOCKS: usize = 256;
+
+pub struct CudaRunner {
+    // Field order matters for drop: the graph and buffers go before the context.
+    graph: Option<CudaGraph>,
+    plan: Vec<Launch>,
+    scratch: Scratch,
+    layers: Vec<DevLayer>,
+    embed: DevBuf,
+    lm_head: DevMat,
+    ple_table: Option<DevBuf>,
+    ple_model: Option<DevMat>,
+    ple_norm: Option<DevBuf>,
+    final_norm: DevBuf,
+    gpu: Gpu,
+    model: Arc<Model>,
+    info: RunnerInfo,
+    quant: Quant,
+    use_graph: bool,
+    len: usize,
+    /// What `step_io` holds on the device, when known: (token, position).
+    dev_io: Option<(u32, usize)>,
+    logits_host: Vec<f32>,
+}
+
+// SAFETY: the runner owns its context, stream, graph and buffers exclusively; it is used by
+// one thread at a time (`&mut self`) and binds the context to the calling thread first.
+unsafe impl Send for CudaRunner {}
+
+fn splits_for(rows: usize, units: usize, sm_count: usize) -> usize {
+    let warps = rows.div_ceil(8).max(1);
+    let want = (sm_count * 16).div_ceil(warps);
+    want.clamp(1, MAX_SPLITS).min((units / 4).max(1))
+}
+
+impl CudaRunner {
+    pub fn new(model: Arc<Model>, opts: CudaOptions) -> Result<CudaRunner, CudaError> {
+        let spec = &model.spec;
+        spec.validate().map_err(ModelError::Config)?;
+        let gpu = Gpu::new(opts.device_ordinal)?;
+        gpu.bind()?;
+        let max_ctx = opts
+            .max_context
+            .unwrap_or(spec.max_context.min(8192))
+            .min(spec.max_context)
+            .max(1);
+        for (i, l) in spec.layers.iter().enumerate() {
+            if l.head_dim % 128 != 0 || l.head_dim > 512 {
+                return Err(CudaError::Unsupported(format!(
+                    "layer {i}: head dim {} (the GPU kernels take multiples of 128 up to 512)",
+                    l.head_dim
+                )));
+            }
+        }
+        if let Some(p) = &spec.ple {
+            if p.dim > 1024 || p.dim % 32 != 0 {
+                return Err(CudaError::Unsupported(format!("PLE width {}", p.dim)));
+            }
+        }
+        let w = &model.weights;
+        let q = opts.quant;
+        let sm = gpu.sm_count as usize;
+
+        let mut layers = Vec::with_capacity(spec.n_layers());
+        for (i, (ls, lw)) in spec.layers.iter().zip(&w.layers).enumerate() {
+            let own = ls.owns_kv(i);
+            let qkv = if own {
+                let (k, v) = (lw.k.as_ref(), lw.v.as_ref());
+                let (k, v) = k.zip(v).ok_or_else(|| {
+                    CudaError::Model(ModelError::MissingTensor(format!("layers.{i}.k/v")))
+                })?;
+                upload_mats(&gpu, &[&lw.q, k, v], false, q)?
+            } else {
+                upload_mats(&gpu, &[&lw.q], false, q)?
+            };
+            let cap = if ls.sliding {
+                (spec.sliding_window + RING_SLACK).min(max_ctx)
+            } else {
+                max_ctx
+            };
+            let kv = if own {
+                let n = ls.n_kv_heads * cap * ls.head_dim * 4;
+                Some((gpu.alloc(n)?, gpu.alloc(n)?))
+            } else {
+                None
+            };
+            let max_keys = if ls.sliding {
+                spec.sliding_window.min(max_ctx)
+            } else {
+                max_ctx
+            };
+            let (ple_gate, ple_proj, ple_post) = match &lw.ple {
+                Some(p) => (
+                    Some(upload_mats(&gpu, &[&p.gate], false, q)?),
+                    Some(upload_mats(&gpu, &[&p.proj], false, q)?),
+                    Some(gpu.upload(&p.post_norm)?),
+                ),
+                None => (None, None, None),
+            };
+            layers.push(DevLayer {
+                qkv,
+                o: upload_mats(&gpu, &[&lw.o], false, q)?,
+                gateup: upload_mats(&gpu, &[&lw.gate, &lw.up], true, q)?,
+                down: upload_mats(&gpu, &[&lw.down], false, q)?,
+                ple_gate,
+                ple_proj,
+                attn_norm: gpu.upload(&lw.attn_norm)?,
+                q_norm: gpu.upload(&lw.q_norm)?,
+                k_norm: lw.k_norm.as_ref().map(|k| gpu.upload(k)).transpose()?,
+                post_attn: gpu.upload(&lw.post_attn_norm)?,
+                pre_ffn: gpu.upload(&lw.pre_ffn_norm)?,
+                post_ffn: gpu.upload(&lw.post_ffn_norm)?,
+                ple_post,
+                inv_freq: gpu.upload(&ls.rope.inv_freq(ls.head_dim))?,
+                kv,
+                cap,
+                attn_splits: max_keys.div_ceil(64).clamp(1, 32),
+            });
+        }
+        let embed_bits = to_bf16_bits(&w.embed);
+        let embed = gpu.upload(&embed_bits)?;
+        drop(embed_bits);
+        let lm_head = match (&w.lm_head, q) {
+            (None, Quant::Bf16) => DevMat {
+                w: embed.ptr(),
+                scales: 0,
+                rows: w.embed.rows,
+                cols: w.embed.cols,
+                int4: false,
+                bytes: w.embed.rows * w.embed.cols * 2,
+                _bufs: Vec::new(),
+            },
+            (None, Quant::Int4) => upload_mats(&gpu, &[&w.embed], false, q)?,
+            (Some(h), _) => upload_mats(&gpu, &[h], false, q)?,
+        };
+        let (ple_table, ple_model, ple_norm) = match &w.ple {
+            Some(p) => (
+                Some(gpu.upload(&to_bf16_bits(&p.table))?),
+                Some(upload_mats(&gpu, &[&p.model_proj], false, q)?),
+                Some(gpu.upload(&p.proj_norm)?),
+            ),
+            None => (None, None, None),
+        };
+        let final_norm = gpu.upload(&w.final_norm)?;
+
+        // Scratch sized for the largest layer.
+        let h = spec.hidden;
+        let max_qkv = layers.iter().map(|l| l.qkv.rows).max().unwrap_or(0);
+        let max_q = spec.layers.iter().map(|l| l.q_dim()).max().unwrap_or(0);
+        let max_im = spec
+            .layers
+            .iter()
+            .map(|l| l.intermediate)
+            .max()
+            .unwrap_or(0);
+        let max_attn = spec
+            .layers
+            .iter()
+            .zip(&layers)
+            .map(|(l, d)| l.n_heads * d.attn_splits)
+            .max()
+            .unwrap_or(0);
+        let max_hd = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+        let ple_w = spec.ple.as_ref().map_or(0, |p| p.dim * spec.n_layers());
+        let ple_d = spec.ple.as_ref().map_or(0, |p| p.dim);
+        let f = 4usize;
+        let scratch = Scratch {
+            h: [gpu.alloc(h * f)?, gpu.alloc(h * f)?],
+            qkv_part: gpu.alloc(MAX_SPLITS * max_qkv * f)?,
+            q: gpu.alloc(max_q * f)?,
+            attn_ml: gpu.alloc(max_attn * 2 * f)?,
+            attn_acc: gpu.alloc(max_attn * max_hd * f)?,
+            attn_out: gpu.alloc(max_q * f)?,
+            o_part: gpu.alloc(MAX_SPLITS * h * f)?,
+            ffn_act: gpu.alloc(max_im * f)?,
+            down_part: gpu.alloc(MAX_SPLITS * h * f)?,
+            pg_part: gpu.alloc(MAX_SPLITS * ple_d.max(1) * f)?,
+            pp_part: gpu.alloc(MAX_SPLITS * h * f)?,
+            plp_part: gpu.alloc(MAX_SPLITS * ple_w.max(1) * f)?,
+            ple_out: gpu.alloc(ple_w.max(1) * f)?,
+            logits: gpu.alloc(spec.vocab * f)?,
+            blk_val: gpu.alloc(ARGMAX_BLOCKS * f)?,
+            blk_idx: gpu.alloc(ARGMAX_BLOCKS * f)?,
+            step_io: gpu.alloc(8)?,
+            out_tok: gpu.alloc(4)?,
+        };
+        let max_cols = layers
+            .iter()
+            .flat_map(|l| [l.qkv.cols, l.o.cols, l.gateup.cols, l.down.cols])
+            .chain([lm_head.cols])
+            .chain(ple_model.as_ref().map(|m| m.cols))
+            .max()
+            .unwrap_or(0);
+        let smem = max_cols * 4;
+        if smem > 48 * 1024 - 256 {
+            if smem + 256 > gpu.max_smem_optin()? {
+                return Err(CudaError::Unsupported(format!(
+                    "GEMV width {max_cols} needs more shared memory than the GPU has"
+                )));
+            }
+            gpu.set_max_dynamic_smem("gemv", smem)?;
+        }
+
+        let info = RunnerInfo {
+            vocab_size: spec.vocab,
+            max_context: max_ctx,
+            eos_token_ids: spec.eos_token_ids.clone(),
+            backend: format!("cuda:{} ({})", gpu.name, q.name()),
+        };
+        let mut r = CudaRunner {
+            graph: None,
+            plan: Vec::new(),
+            scratch,
+            layers,
+            embed,
+            lm_head,
+            ple_table,
+            ple_model,
+            ple_norm,
+            final_norm,
+            info,
+            quant: q,
+            use_graph: opts.use_graph,
+            len: 0,
+            dev_io: None,
+            logits_host: vec![0.0; spec.vocab],
+            model,
+            gpu,
+        };
+        r.plan = r.build_plan(sm)?;
+        gpu_sync(&r.gpu)?;
+        Ok(r)
+    }
+
+    fn gemv(
+        &self,
+        label: &'static str,
+        m: &DevMat,
+        out: u64,
+        splits: usize,
+        mut p: GemvParams,
+    ) -> Launch {
+        p.w = m.w;
+        p.scales = m.scales;
+        p.out = out;
+        p.rows = m.rows as i32;
+        p.cols = m.cols as i32;
+        p.splits = splits as i32;
+        p.int4 = m.int4 as i32;
+        p.eps = self.model.spec.rms_eps;
+        if p.res_scalar == 0.0 {
+            p.res_scalar = 1.0;
+        }
+        let grid = (
+            m.rows.div_ceil(GEMV_ROWS_PER_BLOCK) as u32,
+            splits as u32,
+            1,
+        );
+        Launch::new(&self.gpu, label, "gemv", grid, 256, (m.cols * 4) as u32, &p)
+    }
+
+    fn mat_splits(&self, m: &DevMat, sm: usize) -> usize {
+        let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
+        splits_for(m.rows, units, sm)
+    }
+
+    /// The decode step as a fixed list of launches (see the module docs for the data flow).
+    fn build_plan(&self, sm: usize) -> Result<Vec<Launch>, CudaError> {
+        let spec = &self.model.spec;
+        let s = &self.scratch;
+        let h = spec.hidden;
+        let tok_ptr = s.step_io.ptr();
+        let pos_ptr = s.step_io.at::<i32>(1);
+        let mut plan = Vec::new();
+        let mut cur = 0usize;
+        // The branch output still to be added to the residual: (partials, splits, norm, scalar).
+        let mut pending: Option<(u64, usize, u64, f32)> = None;
+
+        let gather = GemvParams {
+            gather_tok: tok_ptr,
+            gather_table: self.embed.ptr(),
+            gather_scale: spec.embed_scale,
+            res_out: s.h[0].ptr(),
+            ..Default::default()
+        };
+        let mut first_input_gathered = false;
+        if let (Some(pm), Some(table), Some(pn), Some(ps)) =
+            (&self.ple_model, &self.ple_table, &self.ple_norm, &spec.ple)
+        {
+            let sp = self.mat_splits(pm, sm);
+            plan.push(self.gemv("gemv.ple_model", pm, s.plp_part.ptr(), sp, gather));
+            first_input_gathered = true;
+            let p = PleParams {
+                tok: tok_ptr,
+                table: table.ptr(),
+                ctx: s.plp_part.ptr(),
+                norm_w: pn.ptr(),
+                out: s.ple_out.ptr(),
+                splits: sp as i32,
+                ld: pm.rows as i32,
+                dim: ps.dim as i32,
+                tok_scale: (ps.dim as f32).sqrt(),
+                ctx_scale: (h as f32).powf(-0.5),
+                mix_scale: std::f32::consts::FRAC_1_SQRT_2,
+                eps: spec.rms_eps,
+            };
+            plan.push(Launch::new(
+                &self.gpu,
+                "ple_combine",
+                "ple_combine",
+                (spec.n_layers() as u32, 1, 1),
+                ps.dim as u32,
+                0,
+                &p,
+            ));
+        }
+
+        for (i, (ls, dl)) in spec.layers.iter().zip(&self.layers).enumerate() {
+            // QKV with the previous layer's residual epilogue and this layer's input norm.
+            let mut p = GemvParams {
+                norm_w: dl.attn_norm.ptr(),
+                ..Default::default()
+            };
+            match pending {
+                Some((ptr, sp, nw, scalar)) => {
+                    p.input = ptr;
+                    p.in_splits = sp as i32;
+                    p.in_ld = h as i32;
+                    p.res_in = s.h[cur].ptr();
+                    p.res_out = s.h[cur ^ 1].ptr();
+                    p.res_w = nw;
+                    p.res_scalar = scalar;
+                    cur ^= 1;
+                }
+                None if first_input_gathered => {
+                    p.input = s.h[0].ptr();
+                    p.in_splits = 1;
+                    p.in_ld = h as i32;
+                }
+                None => {
+                    p = GemvParams {
+                        norm_w: dl.attn_norm.ptr(),
+                        ..gather
+                    };
+                }
+            }
+            let sq = self.mat_splits(&dl.qkv, sm);
+            plan.push(self.gemv("gemv.qkv", &dl.qkv, s.qkv_part.ptr(), sq, p));
+
+            let src = &self.layers[ls.kv_source];
+            let (kc, vc) = src
+                .kv
+                .as_ref()
+                .map(|(k, v)| (k.ptr(), v.ptr()))
+                .ok_or_else(|| {
+                    CudaError::Unsupported(format!("layer {i}: KV donor owns no cache"))
+                })?;
+            let own = ls.owns_kv(i);
+            let rp = RopeParams {
+                qkv: s.qkv_part.ptr(),
+                q_out: s.q.ptr(),
+                k_cache: if own { kc } else { 0 },
+                v_cache: if own { vc } else { 0 },
+                q_norm: dl.q_norm.ptr(),
+                k_norm: dl.k_norm.as_ref().map_or(0, |b| b.ptr()),
+                inv_freq: dl.inv_freq.ptr(),
+                pos: pos_ptr,
+                splits: sq as i32,
+                ld: dl.qkv.rows as i32,
+                nh: ls.n_heads as i32,
+                nkv: ls.n_kv_heads as i32,
+                hd: ls.head_dim as i32,
+                cap: src.cap as i32,
+                v_norm: spec.v_norm as i32,
+                eps: spec.rms_eps,
+            };
+            let blocks = ls.n_heads + if own { 2 * ls.n_kv_heads } else { 0 };
+            plan.push(Launch::new(
+                &self.gpu,
+                "qk_norm_rope",
+                "qk_norm_rope",
+                (blocks as u32, 1, 1),
+                (ls.head_dim / 2) as u32,
+                0,
+                &rp,
+            ));
+            let ap = AttnParams {
+                q: s.q.ptr(),
+                k_cache: kc,
+                v_cache: vc,
+                part_ml: s.attn_ml.ptr(),
+                part_acc: s.attn_acc.ptr(),
+                out: s.attn_out.ptr(),
+                pos: pos_ptr,
+                nh: ls.n_heads as i32,
+                nkv: ls.n_kv_heads as i32,
+                hd: ls.head_dim as i32,
+                cap: src.cap as i32,
+                window: if ls.sliding {
+                    spec.sliding_window as i32
+                } else {
+                    0
+                },
+                splits: dl.attn_splits as i32,
+                scale: spec.attn_scale,
+                softcap: spec.attn_softcap.unwrap_or(0.0),
+            };
+            plan.push(Launch::new(
+                &self.gpu,
+                "attn_split",
+                "attn_split",
+                (dl.attn_splits as u32, ls.n_heads as u32, 1),
+                128,
+                0,
+                &ap,
+            ));
+            plan.push(Launch::new(
+                &self.gpu,
+                "attn_combine",
+                "attn_combine",
+                (ls.n_heads as u32, 1, 1),
+                128,
+                0,
+                &ap,
+            ));
+
+            let so = self.mat_splits(&dl.o, sm);
+            let p = GemvParams {
+                input: s.attn_out.ptr(),
+                in_splits: 1,
+                in_ld: 0,
+                ..Default::default()
+            };
+            plan.push(self.gemv("gemv.o", &dl.o, s.o_part.ptr(), so, p));
+
+            let p = GemvParams {
+                input: s.o_part.ptr(),
+                in_splits: so as i32,
+                in_ld: h as i32,
+                res_in: s.h[cur].ptr(),
+                res_out: s.h[cur ^ 1].ptr(),
+                res_w: dl.post_attn.ptr(),
+                norm_w: dl.pre_ffn.ptr(),
+                glu: 1,
+                ..Default::default()
+            };
+            cur ^= 1;
+            plan.push(self.gemv("gemv.gate_up", &dl.gateup, s.ffn_act.ptr(), 1, p));
+
+            let sd = self.mat_splits(&dl.down, sm);
+            let p = GemvParams {
+                input: s.ffn_act.ptr(),
+                in_splits: 1,
+                ..Default::default()
+            };
+            plan.push(self.gemv("gemv.down", &dl.down, s.down_part.ptr(), sd, p));
+            let scalar = self.model.weights.layers[i].layer_scalar;
+
+            match (&dl.ple_gate, &dl.ple_proj, &dl.ple_post, &spec.ple) {
+                (Some(pg), Some(pp), Some(post), Some(ps)) => {
+                    let sg = self.mat_splits(pg, sm);
+                    let p = GemvParams {
+                        input: s.down_part.ptr(),
+                        in_splits: sd as i32,
+                        in_ld: h as i32,
+                        res_in: s.h[cur].ptr(),
+                        res_out: s.h[cur ^ 1].ptr(),
+                        res_w: dl.post_ffn.ptr(),
+                        ..Default::default()
+                    };
+                    cur ^= 1;
+                    plan.push(self.gemv("gemv.ple_gate", pg, s.pg_part.ptr(), sg, p));
+                    let spp = self.mat_splits(pp, sm);
+                    let p = GemvParams {
+                        input: s.pg_part.ptr(),
+                        in_splits: sg as i32,
+                        in_ld: ps.dim as i32,
+                        act_mult: s.ple_out.at::<f32>(i * ps.dim),
+                        ..Default::default()
+                    };
+                    plan.push(self.gemv("gemv.ple_proj", pp, s.pp_part.ptr(), spp, p));
+                    pending = Some((s.pp_part.ptr(), spp, post.ptr(), scalar));
+                }
+                _ => pending = Some((s.down_part.ptr(), sd, dl.post_ffn.ptr(), scalar)),
+            }
+        }
+
+        let (ptr, sp, nw, scalar) = pending.expect("at least one layer");
+        let p = GemvParams {
+            input: ptr,
+            in_splits: sp as i32,
+            in_ld: h as i32,
+            res_in: s.h[cur].ptr(),
+            res_out: s.h[cur ^ 1].ptr(),
+            res_w: nw,
+            res_scalar: scalar,
+            norm_w: self.final_norm.ptr(),
+            ..Default::default()
+        };
+        plan.push(self.gemv("gemv.lm_head", &self.lm_head, s.logits.ptr(), 1, p));
+        let ap = ArgmaxParams {
+            logits: s.logits.ptr(),
+            blk_val: s.blk_val.ptr(),
+            blk_idx: s.blk_idx.ptr(),
+            step_io: s.step_io.ptr(),
+            out_tok: s.out_tok.ptr(),
+            n: spec.vocab as i32,
+            blocks: ARGMAX_BLOCKS as i32,
+            softcap: spec.final_softcap.unwrap_or(0.0),
+        };
+        plan.push(Launch::new(
+            &self.gpu,
+            "argmax",
+            "argmax_stage1",
+            (ARGMAX_BLOCKS as u32, 1, 1),
+            256,
+            0,
+            &ap,
+        ));
+        plan.push(Launch::new(
+            &self.gpu,
+            "argmax",
+            "argmax_stage2",
+            (1, 1, 1),
+            256,
+            0,
+            &ap,
+        ));
+        Ok(plan)
+    }
+
+    pub fn quant(&self) -> Quant {
+        self.quant
+    }
+
+    pub fn gpu_name(&self) -> &str {
+        &self.gpu.name
+    }
+
+    /// Kernel launches per decode step.
+    pub fn kernels_per_step(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// Bytes of projection weights streamed per decode step (the two gathered table rows
+    /// excluded: they are a few KB).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let mut b = self.lm_head.bytes + self.ple_model.as_ref().map_or(0, |m| m.bytes);
+        for l in &self.layers {
+            b += l.qkv.bytes + l.o.bytes + l.gateup.bytes + l.down.bytes;
+            b += l.ple_gate.as_ref().map_or(0, |m| m.bytes);
+            b += l.ple_proj.as_ref().map_or(0, |m| m.bytes);
+        }
+        b
+    }
+
+    fn ensure_graph(&mut self) -> Result<(), CudaError> {
+        if !self.use_graph || self.graph.is_some() {
+            return Ok(());
+        }
+        let st = &self.gpu.stream;
+        st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(drv)?;
+        let mut res = Ok(());
+        for l in &self.plan {
+            if let Err(e) = l.run(&self.gpu) {
+                res = Err(e);
+                break;
+            }
+        }
+        let g = st
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(drv)?;
+        res?;
+        let g = g.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+        g.upload().map_err(drv)?;
+        self.graph = Some(g);
+        Ok(())
+    }
+
+    /// Run one decode step for `token` at position `self.len` (asynchronous).
+    fn step(&mut self, token: u32) -> Result<(), CudaError> {
+        if self.dev_io != Some((token, self.len)) {
+            let io = [token as i32, self.len as i32];
+            self.gpu.write(self.scratch.step_io.ptr(), &io)?;
+        }
+        match &self.graph {
+            Some(g) => g.launch().map_err(drv)?,
+            None => {
+                for l in &self.plan {
+                    l.run(&self.gpu)?;
+                }
+            }
+        }
+        self.len += 1;
+        self.dev_io = None;
+        Ok(())
+    }
+
+    /// Run the step's kernels one by one, timing each with events: (label, ms) in plan order.
+    pub(crate) fn profile_step(
+        &mut self,
+        token: u32,
+    ) -> Result<Vec<(&'static str, f32)>, CudaError> {
+        use cudarc::driver::result::event;
+        self.gpu.bind()?;
+        self.check(&[token])?;
+        let io = [token as i32, self.len as i32];
+        self.gpu.write(self.scratch.step_io.ptr(), &io)?;
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let evs: Vec<sys::CUevent> = (0..=self.plan.len())
+            .map(|_| event::create(flags))
+            .collect::<Result<_, _>>()
+            .map_err(drv)?;
+        let stream = self.gpu.stream.cu_stream();
+        unsafe { event::record(evs[0], stream) }.map_err(drv)?;
+        for (i, l) in self.plan.iter().enumerate() {
+            l.run(&self.gpu)?;
+            unsafe { event::record(evs[i + 1], stream) }.map_err(drv)?;
+        }
+        self.gpu.sync()?;
+        let mut out = Vec::with_capacity(self.plan.len());
+        for (i, l) in self.plan.iter().enumerate() {
+            let ms = unsafe { event::elapsed(evs[i], evs[i + 1]) }.map_err(drv)?;
+            out.push((l.label, ms));
+        }
+        for e in evs {
+            unsafe {
+                let _ = event::destroy(e);
+            }
+        }
+        self.len += 1;
+        self.dev_io = None;
+        Ok(out)
+    }
+
+    pub(crate) fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        let vocab = self.model.spec.vocab;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::TokenOutOfRange { id, vocab });
+        }
+        let total = self.len + tokens.len();
+        if total > self.info.max_context {
+            return Err(ModelError::ContextOverflow {
+                len: total,
+                max: self.info.max_context,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn gpu_sync(gpu: &Gpu) -> Result<(), CudaError> {
+    gpu.sync()
+}
+
+impl Runner for CudaRunner {
+    fn info(&self) -> &RunnerInfo {
+        &self.info
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.len = len;
+            self.dev_io = None;
+        }
+    }
+
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        rows: Rows,
+        sink: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        self.check(tokens)?;
+        self.gpu.bind()?;
+        self.ensure_graph()?;
+        let n = tokens.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            self.step(t)?;
+            if rows == Rows::All || i + 1 == n {
+                let mut logits = std::mem::take(&mut self.logits_host);
+                let r = self.gpu.read(self.scratch.logits.ptr(), &mut logits);
+                self.logits_host = logits;
+                r?;
+                sink(i, &self.logits_host);
+            }
+        }
+        Ok(())
+    }
+
+    fn greedy_step(&mut self, token: u32) -> Result<u32, ModelError> {
+        self.check(&[token])?;
+        self.gpu.bind()?;
+        self.ensure_graph()?;
+        self.step(token)?;
+        let mut out = [0i32; 1];
+        self.gpu.read(self.scratch.out_tok.ptr(), &mut out)?;
+        let t = out[0] as u32;
+        self.dev_io = Some((t, self.len));
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn param_structs_match_the_kernels() {
+        assert_eq!(std::mem::size_of::<GemvParams>(), 128);
+        assert_eq!(std::mem::size_of::<RopeParams>(), 96);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 88);
+        assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
+        assert_eq!(std::mem::size_of::<PleParams>(), 72);
+    }
+
+    #[test]
+    fn splits_fill_the_gpu_without_tiny_slices() {
+        // E4B down projection, int4: 2560 rows, 80 groups.
+        let s = splits_for(2560, 80, 132);
+        assert!((4..=16).contains(&s));
+        // lm_head-like: plenty of rows, no split.
+        assert_eq!(splits_for(262_144, 20, 132), 1);
+        // Narrow input: never below 4 groups per slice.
+        assert_eq!(splits_for(2560, 2, 132), 1);
+    }
+}
