@@ -539,6 +539,11 @@ impl GgufFile {
         Ok(&self.as_bytes()[range])
     }
 
+    /// Dequantizes a whole tensor to f32; see [`crate::dequant::tensor_f32`].
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), FormatError> {
+        crate::dequant::tensor_f32(self, name)
+    }
+
     /// Raw bytes of rows `rows` of a tensor (rows as in [`GgufTensorInfo::n_rows`]).
     pub fn tensor_rows_data(
         &self,
@@ -773,7 +778,7 @@ fn parse_header(buf: &[u8], origin: &str) -> Result<Header, FormatError> {
     match version {
         2 | 3 => {}
         1 => return Err(r.err("GGUF version 1 is not supported")),
-        v if v.swap_bytes() <= 3 => {
+        v if (1..=3).contains(&v.swap_bytes()) => {
             return Err(r.err("big-endian GGUF files are not supported"));
         }
         v => return Err(r.err(format!("unsupported GGUF version {v}"))),

@@ -7,6 +7,7 @@ pub mod error;
 pub mod ggml_type;
 pub mod gguf;
 pub mod gguf_writer;
+pub mod hash;
 pub mod safetensors;
 
 pub use config::{ConfigView, HfConfig};

@@ -304,3 +304,33 @@ fn tensor_helpers_on_a_gguf() {
         FormatError::TensorNotFound { .. }
     ));
 }
+
+mod random_blocks {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Any bytes of a whole number of blocks dequantize without panic;
+        /// any other length is an error.
+        #[test]
+        fn any_bytes_any_type(
+            ty in prop::sample::select(GgmlType::ALL.to_vec()),
+            n_blocks in 0usize..5,
+            extra in 0usize..3,
+            seed in any::<u64>(),
+        ) {
+            let len = n_blocks * ty.type_size() + extra;
+            let mut s = seed | 1;
+            let data: Vec<u8> = (0..len).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as u8 }).collect();
+            let n = n_blocks * ty.block_size();
+            let r = dequantize_to_vec(ty, &data, n);
+            if !is_supported(ty) || extra != 0 {
+                prop_assert!(r.is_err());
+            } else {
+                prop_assert_eq!(r.unwrap().len(), n);
+            }
+        }
+    }
+}

@@ -484,3 +484,26 @@ proptest! {
         let _ = GgufFile::from_bytes(b);
     }
 }
+
+#[test]
+fn empty_file_and_directory_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("empty.gguf");
+    std::fs::write(&p, b"").unwrap();
+    assert!(GgufFile::open(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("truncated"));
+    assert!(GgufFile::open(dir.path()).is_err());
+    let mut b = sample_bytes();
+    b[4..8].copy_from_slice(&0u32.to_le_bytes());
+    assert!(err_string(b).contains("unsupported GGUF version 0"));
+}
+
+#[test]
+fn tensor_f32_method_dequantizes() {
+    let f = GgufFile::from_bytes(sample_bytes()).unwrap();
+    let (shape, v) = f.tensor_f32("a.weight").unwrap();
+    assert_eq!(shape, vec![2, 3]);
+    assert_eq!(v, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+}

@@ -385,3 +385,14 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn empty_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("empty.safetensors");
+    std::fs::write(&p, b"").unwrap();
+    assert!(SafeTensors::open(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("too short"));
+}
