@@ -148,8 +148,13 @@ pub fn parse_records(text: &str, bos: Option<u32>) -> Result<Vec<PplRecord>> {
     Ok(out)
 }
 
-/// Read and parse a records file.
-pub fn load_records(path: &Path, bos: Option<u32>) -> Result<Vec<PplRecord>> {
+/// Read and parse a records file, enforcing Gemma's BOS convention ([`GEMMA_BOS`]).
+pub fn load_records(path: &Path) -> Result<Vec<PplRecord>> {
+    load_records_with_bos(path, Some(GEMMA_BOS))
+}
+
+/// Read and parse a records file with an explicit BOS convention (`None` disables the BOS checks).
+pub fn load_records_with_bos(path: &Path, bos: Option<u32>) -> Result<Vec<PplRecord>> {
     let text = util::read_to_string(path)?;
     parse_records(&text, bos)
 }
@@ -267,8 +272,18 @@ impl PplAccumulator {
         Self::default()
     }
 
+    /// Add one record from the log-probabilities of its target tokens (validated as in
+    /// [`nll_from_logprobs`]; the error names the record).
+    pub fn add(&mut self, id: &str, target_logprobs: &[f64]) -> Result<&PplRecordResult> {
+        let nll = nll_from_logprobs(target_logprobs).map_err(|msg| Error::PplResponse {
+            id: id.to_string(),
+            msg,
+        })?;
+        Ok(self.add_nll(id, nll, target_logprobs.len() as u64))
+    }
+
     /// Add one record's NLL over `num_tokens` scored tokens.
-    pub fn add(&mut self, id: &str, nll: f64, num_tokens: u64) -> &PplRecordResult {
+    pub fn add_nll(&mut self, id: &str, nll: f64, num_tokens: u64) -> &PplRecordResult {
         self.total_nll += nll;
         self.total_tokens += num_tokens;
         let ppl = if num_tokens == 0 {
@@ -303,8 +318,19 @@ impl PplAccumulator {
         }
     }
 
-    /// Build the summary document.
-    pub fn summary(
+    /// The aggregate numbers.
+    pub fn summary(&self) -> PplStats {
+        PplStats {
+            ppl: self.ppl(),
+            num_tokens: self.total_tokens,
+            num_records: self.records.len(),
+            mean_record_ppl: self.mean_record_ppl(),
+            total_nll: self.total_nll,
+        }
+    }
+
+    /// Build the `ppl_summary.json` document (`base_url` is `"in-process"` for the engine mode).
+    pub fn to_summary(
         &self,
         model: &str,
         base_url: &str,
@@ -326,6 +352,16 @@ impl PplAccumulator {
             unix_time,
         }
     }
+}
+
+/// Aggregate numbers of a [`PplAccumulator`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PplStats {
+    pub ppl: f64,
+    pub num_tokens: u64,
+    pub num_records: usize,
+    pub mean_record_ppl: f64,
+    pub total_nll: f64,
 }
 
 /// `ppl_summary.json`.
@@ -356,6 +392,8 @@ pub struct PplOptions {
     pub output_dir: Option<PathBuf>,
     /// BOS convention enforced on records (default Gemma's 2).
     pub bos_token_id: Option<u32>,
+    /// Score only the first N records (all by default).
+    pub limit: Option<usize>,
     pub show_progress: bool,
     pub request_timeout: Option<Duration>,
 }
@@ -368,6 +406,7 @@ impl Default for PplOptions {
             records: PathBuf::from("ppl_ground_truth_tokens.jsonl"),
             output_dir: None,
             bos_token_id: Some(GEMMA_BOS),
+            limit: None,
             show_progress: true,
             request_timeout: Some(Duration::from_secs(3600)),
         }
@@ -450,7 +489,13 @@ pub fn score_record_remote(client: &Client, model: &str, record: &PplRecord) -> 
 
 /// Score every record sequentially against `opts.base_url`. The first failure aborts.
 pub fn run_ppl(opts: &PplOptions) -> Result<PplResult> {
-    let records = load_records(&opts.records, opts.bos_token_id)?;
+    let mut records = load_records_with_bos(&opts.records, opts.bos_token_id)?;
+    if let Some(n) = opts.limit {
+        if n == 0 {
+            return Err(Error::Options("limit must be at least 1".into()));
+        }
+        records.truncate(n);
+    }
     let client = Client::new(&opts.base_url, opts.request_timeout)?;
     let model = client.resolve_model(opts.model.as_deref())?;
     let pb = util::progress_bar(records.len() as u64, opts.show_progress, "ppl");
@@ -458,11 +503,11 @@ pub fn run_ppl(opts: &PplOptions) -> Result<PplResult> {
     let mut acc = PplAccumulator::new();
     for rec in &records {
         let nll = score_record_remote(&client, &model, rec)?;
-        acc.add(&rec.id, nll, rec.target_token_ids.len() as u64);
+        acc.add_nll(&rec.id, nll, rec.target_token_ids.len() as u64);
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let summary = acc.summary(
+    let summary = acc.to_summary(
         &model,
         client.base_url(),
         &opts.records.display().to_string(),
@@ -611,12 +656,23 @@ mod tests {
         let nll = score_record(&r, &plp).unwrap();
         assert!((nll - 2.0).abs() < 1e-12);
         let mut acc = PplAccumulator::new();
-        acc.add("a", nll, 2);
-        acc.add("b", 1.0, 2);
+        acc.add_nll("a", nll, 2);
+        acc.add("b", &[-0.25, -0.75]).unwrap();
+        assert!(acc
+            .add("c", &[f64::NAN])
+            .unwrap_err()
+            .to_string()
+            .contains("record c"));
+        assert!(acc.add("c", &[]).is_err());
         // micro: exp(3/4); mean of exp(1) and exp(0.5)
         assert!((acc.ppl() - 0.75f64.exp()).abs() < 1e-12);
         assert!((acc.mean_record_ppl() - (1f64.exp() + 0.5f64.exp()) / 2.0).abs() < 1e-12);
         assert_eq!(acc.total_tokens, 4);
+        let st = acc.summary();
+        assert_eq!((st.num_tokens, st.num_records), (4, 2));
+        assert_eq!(st.ppl, acc.ppl());
+        let doc = acc.to_summary("m", "in-process", "f.jsonl", 1.0);
+        assert_eq!((doc.ppl_num_tokens, doc.num_records), (4, 2));
         assert!(PplAccumulator::new().ppl().is_nan());
     }
 
@@ -683,7 +739,7 @@ mod tests {
     fn shared_records_file_parses() {
         let path = Path::new("/work/shared/data/ppl_ground_truth_tokens.jsonl");
         if path.exists() {
-            let r = load_records(path, Some(GEMMA_BOS)).unwrap();
+            let r = load_records(path).unwrap();
             assert_eq!(r.len(), 128);
             assert_eq!(
                 r.iter().map(|x| x.target_token_ids.len()).sum::<usize>(),

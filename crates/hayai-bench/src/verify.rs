@@ -478,6 +478,7 @@ pub fn run_verify(
         records: opts.ppl_records.clone(),
         output_dir: opts.output_dir.clone(),
         bos_token_id: opts.ppl_bos_token_id,
+        limit: None,
         show_progress: opts.show_progress,
         request_timeout: opts.request_timeout,
     })?;
