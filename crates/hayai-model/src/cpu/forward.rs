@@ -195,6 +195,7 @@ impl CpuRunner {
                     start..p + 1,
                     spec.attn_scale,
                     spec.attn_softcap,
+                    false,
                     out,
                 );
             });
