@@ -16,9 +16,8 @@ use hayai_core::config::HfConfig;
 use hayai_core::safetensors::{DType, SafeTensors};
 use serde_json::Value;
 
-use crate::cpu::ops::{attend, gelu_tanh, rms_norm_rows, rope};
-use crate::gemma4::{eos_list, Gemma4TextConfig};
-use crate::load::hf::HfTensors;
+use crate::cpu::ops::{gelu_tanh, rms_norm_rows, rope};
+use crate::gemma4::{eos_list, Gemma4TextConfig, HfTensors};
 use crate::spec::{ModelSpec, RopeSpec};
 use crate::weights::Matrix;
 use crate::ModelError;
@@ -335,14 +334,10 @@ impl Assistant {
             for (head, out) in att.chunks_exact_mut(hd).enumerate() {
                 attend(
                     &q[head * hd..(head + 1) * hd],
-                    kv.k,
-                    kv.v,
+                    kv,
                     nkv,
                     head / group,
                     start..n_keys,
-                    1.0,
-                    None,
-                    false,
                     out,
                 );
             }
@@ -420,6 +415,34 @@ impl Assistant {
                 });
                 (best.1, logits)
             }
+        }
+    }
+}
+
+/// Softmax attention (scale 1.0, as in Gemma 4) of one query head over target positions
+/// `range` of `kv`, stored `[pos][kv_heads][head_dim]`.
+fn attend(
+    q: &[f32],
+    kv: KvView<'_>,
+    kv_heads: usize,
+    kv_head: usize,
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let d = q.len();
+    let at = |j: usize| j * kv_heads * d + kv_head * d;
+    let scores: Vec<f32> = range
+        .clone()
+        .map(|j| crate::cpu::simd::dot(q, &kv.k[at(j)..at(j) + d]))
+        .collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+    let inv = (1.0 / e.iter().map(|&x| x as f64).sum::<f64>()) as f32;
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for (p, j) in e.iter().zip(range) {
+        let p = p * inv;
+        for (o, &v) in out.iter_mut().zip(&kv.v[at(j)..at(j) + d]) {
+            *o = p.mul_add(v, *o);
         }
     }
 }

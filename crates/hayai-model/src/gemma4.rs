@@ -11,9 +11,8 @@ use hayai_core::config::HfConfig;
 use hayai_core::safetensors::{DType, SafeTensors};
 use serde_json::Value;
 
-use crate::load::hf::HfTensors;
 use crate::spec::{Arch, LayerSpec, ModelSpec, PleSpec, RopeSpec};
-use crate::weights::{GlobalPle, LayerPle, LayerWeights, Model, ModelWeights};
+use crate::weights::{GlobalPle, LayerPle, LayerWeights, Matrix, Model, ModelWeights};
 use crate::ModelError;
 
 /// Token ids that end a Gemma 4 turn: `<eos>`, `<turn|>`, `<|tool_response>`.
@@ -528,6 +527,86 @@ pub fn config_eos(raw: &Value) -> Vec<u32> {
         }
     }
     eos
+}
+
+/// Typed access to a checkpoint's tensors under a name prefix, with shape checks. bf16 stays
+/// bf16; other float types are converted to f32.
+pub struct HfTensors<'a> {
+    pub st: &'a SafeTensors,
+    pub prefix: String,
+}
+
+impl<'a> HfTensors<'a> {
+    /// Use the first prefix under which `probe` exists.
+    pub fn with_prefix(
+        st: &'a SafeTensors,
+        candidates: &[&str],
+        probe: &str,
+    ) -> Result<Self, ModelError> {
+        candidates
+            .iter()
+            .find(|p| st.contains(&format!("{p}{probe}")))
+            .map(|p| HfTensors {
+                st,
+                prefix: p.to_string(),
+            })
+            .ok_or_else(|| {
+                ModelError::MissingTensor(format!("{probe} (under any of {candidates:?})"))
+            })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.st.contains(&format!("{}{name}", self.prefix))
+    }
+
+    fn get(&self, name: &str) -> Result<(String, hayai_core::TensorView<'a>), ModelError> {
+        let full = format!("{}{name}", self.prefix);
+        let t = self
+            .st
+            .get(&full)
+            .ok_or_else(|| ModelError::MissingTensor(full.clone()))?;
+        Ok((full, t))
+    }
+
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+        let (full, t) = self.get(name)?;
+        if t.shape != [rows, cols] {
+            return Err(ModelError::Shape {
+                name: full,
+                got: t.shape.clone(),
+                want: vec![rows, cols],
+            });
+        }
+        Ok(if t.dtype == DType::BF16 {
+            Matrix::from_bf16_bits(rows, cols, t.to_bf16_bits()?)
+        } else {
+            Matrix::from_f32(rows, cols, t.to_f32_vec()?)
+        })
+    }
+
+    pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+        let (full, t) = self.get(name)?;
+        // A vector may carry unit dimensions (`layer_scalar` is stored as `[1]`).
+        let non_unit = t.shape.iter().filter(|&&d| d != 1).count();
+        if t.shape.iter().product::<usize>() != n || non_unit > 1 {
+            return Err(ModelError::Shape {
+                name: full,
+                got: t.shape.clone(),
+                want: vec![n],
+            });
+        }
+        Ok(t.to_f32_vec()?)
+    }
+}
+
+/// Load a Gemma 4 text decoder from an HF directory (config.json + safetensors, single or
+/// sharded).
+pub fn load_hf_dir(dir: &std::path::Path) -> Result<Model, ModelError> {
+    let cfg = HfConfig::load(dir)?;
+    let st = SafeTensors::open(dir)?;
+    let model = load_hf(&cfg, &st)?;
+    model.spec.validate().map_err(ModelError::Config)?;
+    Ok(model)
 }
 
 /// Load a Gemma 4 text decoder from an opened HF checkpoint.

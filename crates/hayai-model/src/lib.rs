@@ -3,12 +3,15 @@
 //! Nothing here knows about CUDA: the GPU backend reads the same [`spec::ModelSpec`] and
 //! [`weights::ModelWeights`] and is tested against [`cpu`] (the executable specification).
 
+pub mod assistant;
 pub mod cpu;
 pub mod error;
+pub mod gemma4;
 pub mod load;
 pub mod random;
 pub mod runner;
 pub mod spec;
+pub mod synth;
 pub mod weights;
 
 pub use error::ModelError;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use hayai_core::safetensors::SafeTensors;
 use hayai_model::assistant::{Assistant, KvView};
 use hayai_model::cpu::CpuRunner;
-use hayai_model::load::load_model;
+use hayai_model::gemma4::load_hf_dir;
 use hayai_model::{argmax, Model, Rows, Runner};
 use serde_json::Value;
 
@@ -50,7 +50,7 @@ fn log_softmax_at(logits: &[f32], t: u32) -> f64 {
 }
 
 fn load(name: &str) -> Arc<Model> {
-    Arc::new(load_model(&fixture(name)).unwrap_or_else(|e| panic!("loading {name}: {e}")))
+    Arc::new(load_hf_dir(&fixture(name)).unwrap_or_else(|e| panic!("loading {name}: {e}")))
 }
 
 /// PPL, greedy tokens and logits of one fixture against transformers.
