@@ -15,7 +15,7 @@ pub use gguf::{gguf_chat_template, GGUF_CHAT_TEMPLATE_KEY};
 pub use hf::{hf_chat_template, HfTokenizerConfig};
 pub use roundtrip::{
     load_ppl_records, parse_ppl_records, roundtrip_report, PplRecord, RoundTripMismatch,
-    RoundTripReport,
+    RoundTripReport, TokenSequence,
 };
 pub use tokenizer::{
     EncodeOptions, MergeRule, StreamDecoder, TokenKind, Tokenizer, VocabSpec, SPACE_MARK,

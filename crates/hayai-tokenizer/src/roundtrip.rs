@@ -1,10 +1,11 @@
 //! Decode → re-encode agreement over token-id records (the perplexity records' format), used to show
 //! how faithfully text round-trips through this tokenizer.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TokenizerError};
 use crate::hf::read_file;
@@ -27,6 +28,40 @@ impl PplRecord {
     }
 }
 
+/// A token sequence to round-trip: a [`PplRecord`] (context + target), or a plain id list.
+pub trait TokenSequence {
+    /// A label for mismatch reports.
+    fn label(&self, index: usize) -> String;
+    fn token_ids(&self) -> Cow<'_, [u32]>;
+}
+
+impl TokenSequence for PplRecord {
+    fn label(&self, _index: usize) -> String {
+        self.id.clone()
+    }
+    fn token_ids(&self) -> Cow<'_, [u32]> {
+        Cow::Owned(self.all_ids())
+    }
+}
+
+impl TokenSequence for Vec<u32> {
+    fn label(&self, index: usize) -> String {
+        format!("#{index}")
+    }
+    fn token_ids(&self) -> Cow<'_, [u32]> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl TokenSequence for &[u32] {
+    fn label(&self, index: usize) -> String {
+        format!("#{index}")
+    }
+    fn token_ids(&self) -> Cow<'_, [u32]> {
+        Cow::Borrowed(self)
+    }
+}
+
 /// Parse JSONL records; a malformed line is an error naming its line number.
 pub fn parse_ppl_records(text: &str) -> Result<Vec<PplRecord>> {
     text.lines()
@@ -44,7 +79,7 @@ pub fn load_ppl_records(path: &Path) -> Result<Vec<PplRecord>> {
 }
 
 /// Where one record's re-encoding first departs from the original ids.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub struct RoundTripMismatch {
     pub id: String,
     /// Index of the first differing token.
@@ -55,7 +90,7 @@ pub struct RoundTripMismatch {
     pub got: Vec<u32>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct RoundTripReport {
     pub records: usize,
     /// Records whose re-encoding equals the original ids exactly.
@@ -99,13 +134,17 @@ impl fmt::Display for RoundTripReport {
     }
 }
 
-/// Decode each record's ids (special tokens kept as text), re-encode without adding BOS (special-token
-/// strings parse back into special tokens), and compare.
-pub fn roundtrip_report(tok: &Tokenizer, records: &[PplRecord]) -> Result<RoundTripReport> {
+/// Decode each sequence (special tokens kept as text), re-encode without adding BOS (special-token
+/// strings parse back into special tokens), and compare. Out-of-range ids are an error.
+pub fn roundtrip_report<S: TokenSequence>(
+    tok: &Tokenizer,
+    records: &[S],
+) -> Result<RoundTripReport> {
     let mut r = RoundTripReport::default();
-    for rec in records {
-        let ids = rec.all_ids();
-        let text = tok.decode(&ids, false)?;
+    for (index, rec) in records.iter().enumerate() {
+        let ids = rec.token_ids();
+        let ids: &[u32] = &ids;
+        let text = tok.decode(ids, false)?;
         let again = tok.encode(&text, false);
         r.records += 1;
         r.tokens += ids.len();
@@ -116,7 +155,7 @@ pub fn roundtrip_report(tok: &Tokenizer, records: &[PplRecord]) -> Result<RoundT
             r.tokens_in_exact_records += ids.len();
         } else {
             r.mismatches.push(RoundTripMismatch {
-                id: rec.id.clone(),
+                id: rec.label(index),
                 position: prefix,
                 expected: ids[prefix..].iter().take(4).copied().collect(),
                 got: again[prefix.min(again.len())..]

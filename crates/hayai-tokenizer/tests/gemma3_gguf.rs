@@ -352,3 +352,27 @@ fn gguf_scores_and_equivalent_tokenizer_json_agree() {
     );
     assert_eq!(same, texts.len(), "{diffs:?}");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// Any text without control-token strings (no `<`) and without a literal `▁` decodes back to
+    /// itself on the real vocabulary (whitespace runs and newlines are user-defined tokens and
+    /// decode verbatim).
+    #[test]
+    fn prop_real_vocab_roundtrip(s in "[^<\u{2581}]{0,200}") {
+        let t = tok();
+        let e = t.encode(&s, true);
+        proptest::prop_assert_eq!(t.decode(&e, true).unwrap(), s);
+    }
+
+    #[test]
+    fn prop_real_vocab_any_text_and_ids(s in proptest::prelude::any::<String>(),
+                                        ids in proptest::collection::vec(0u32..262_200, 0..64)) {
+        let t = tok();
+        let e = t.encode(&s, false);
+        proptest::prop_assert!(t.decode(&e, false).is_ok());
+        let in_range = ids.iter().all(|&i| (i as usize) < t.vocab_size());
+        proptest::prop_assert_eq!(t.decode(&ids, false).is_ok(), in_range);
+    }
+}

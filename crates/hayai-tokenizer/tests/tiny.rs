@@ -438,3 +438,46 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn roundtrip_report_on_id_lists_and_records() {
+    let tok = tiny();
+    let canonical = tok.encode("<bos>hello world<end_of_turn>\n", false);
+    let hello = tok.token_to_id("hello").unwrap();
+    let h = tok.token_to_id("h").unwrap();
+    let e = tok.token_to_id("e").unwrap();
+    let llo = tok.token_to_id("llo").unwrap();
+    // "h","e","llo" decodes to "hello", which re-encodes as the single token.
+    let split = vec![h, e, llo];
+    let rep = hayai_tokenizer::roundtrip_report(&tok, &[canonical.clone(), split]).unwrap();
+    assert_eq!(rep.records, 2);
+    assert_eq!(rep.records_exact, 1);
+    assert_eq!(rep.tokens, canonical.len() + 3);
+    assert_eq!(rep.tokens_in_exact_records, canonical.len());
+    assert_eq!(rep.tokens_common_prefix, canonical.len());
+    assert_eq!(rep.records_text_stable, 2);
+    assert_eq!(rep.mismatches.len(), 1);
+    assert_eq!(rep.mismatches[0].id, "#1");
+    assert_eq!(rep.mismatches[0].got, vec![hello]);
+    assert!(rep.to_string().contains("1/2 records exact"));
+    assert!(serde_json::to_string(&rep)
+        .unwrap()
+        .contains("\"records_exact\":1"));
+
+    let jsonl =
+        format!("{{\"id\":\"a\",\"context_token_ids\":[2,{hello}],\"target_token_ids\":[1]}}\n\n");
+    let recs = hayai_tokenizer::parse_ppl_records(&jsonl).unwrap();
+    assert_eq!(recs[0].all_ids(), vec![2, hello, 1]);
+    let rep = hayai_tokenizer::roundtrip_report(&tok, &recs).unwrap();
+    assert_eq!(rep.records_exact, 1);
+    assert!(hayai_tokenizer::parse_ppl_records("{\"id\":1}").is_err());
+    // Out-of-range ids are an error, not a panic.
+    assert!(hayai_tokenizer::roundtrip_report(&tok, &[vec![9999u32]]).is_err());
+}
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<ChatTemplate>();
+}
