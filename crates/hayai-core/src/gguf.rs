@@ -562,7 +562,14 @@ impl GgufFile {
                 t.n_rows()
             )));
         }
-        Ok(&data[rows.start * rb..rows.end * rb])
+        // `get` rather than indexing: an info not from this file may carry
+        // dims that disagree with its byte size.
+        data.get(rows.start * rb..rows.end * rb).ok_or_else(|| {
+            FormatError::Invalid(format!(
+                "{}: tensor `{}`: rows {}..{} exceed its data",
+                self.origin, t.name, rows.start, rows.end
+            ))
+        })
     }
 
     fn tensor_range(&self, t: &GgufTensorInfo) -> Option<Range<usize>> {

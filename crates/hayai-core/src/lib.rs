@@ -1,4 +1,15 @@
 //! File formats: GGUF, safetensors, HF config.json; dequantization.
+//!
+//! * [`gguf`]: bounded, validated GGUF v2/v3 reader over a memory map
+//!   ([`GgufFile`]), plus [`GgufWriter`] for fixtures and synthetic files.
+//! * [`dequant`]: ggml types to f32, bit-exact to ggml's reference code.
+//! * [`safetensors`]: single-file or sharded checkpoints ([`SafeTensors`]) and
+//!   a streaming writer.
+//! * [`config`]: generic HF `config.json` access ([`HfConfig`]).
+//! * [`convert`]: f16/bf16 scalar conversions; [`hash`]: SHA-256 of files.
+//!
+//! Every malformed input yields a [`FormatError`] naming the file and the
+//! key, tensor or byte offset involved.
 
 pub mod config;
 pub mod convert;

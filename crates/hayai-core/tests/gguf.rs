@@ -507,3 +507,11 @@ fn tensor_f32_method_dequantizes() {
     assert_eq!(shape, vec![2, 3]);
     assert_eq!(v, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
 }
+
+#[test]
+fn foreign_tensor_info_with_inconsistent_dims_is_an_error() {
+    let f = GgufFile::from_bytes(sample_bytes()).unwrap();
+    let mut t = f.tensor("a.weight").unwrap().clone();
+    t.dims = vec![3, 100]; // claims 100 rows, data holds 2
+    assert!(f.tensor_rows_data(&t, 50..60).is_err());
+}
