@@ -132,9 +132,11 @@ impl Client {
                 ))
             })?;
             if let Some(err) = v.get("error") {
-                return Err(Error::Protocol(format!(
-                    "{url}: error event in stream: {err}"
-                )));
+                // A server-reported failure mid-stream is a failed request, not a broken contract.
+                return Err(Error::Http {
+                    url: url.clone(),
+                    msg: format!("error event in stream: {err}"),
+                });
             }
             on_event(now, &v)?;
         }
