@@ -2,10 +2,15 @@
 //! `tokenizer_config.json` / `chat_template.jinja`) rendered with minijinja in an HF-compatible context,
 //! plus built-in Gemma 3 / Gemma 4 formats for models that ship none.
 
+use std::path::Path;
+
+use hayai_core::gguf::GgufFile;
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TokenizerError};
+use crate::gguf::gguf_chat_template;
+use crate::hf::hf_chat_template;
 use crate::tokenizer::Tokenizer;
 
 /// One chat message. `role` is `system`, `user`, `assistant` (or its Gemma name `model`).
@@ -195,6 +200,22 @@ impl ChatTemplate {
             name(tok.bos_id()).unwrap_or_else(|| "<bos>".into()),
             name(tok.eos_id()).unwrap_or_else(|| "<eos>".into()),
         ))
+    }
+
+    /// The template shipped with a model at `path` — a GGUF file (`tokenizer.chat_template`) or an HF
+    /// checkpoint directory (`chat_template.jinja` / `tokenizer_config.json`) — else the built-in
+    /// `fallback` format. `bos_token`/`eos_token` are `<bos>`/`<eos>` (Gemma's).
+    pub fn from_model_path(path: &Path, fallback: ChatFamily) -> Result<Self> {
+        let source = if path.is_dir() {
+            hf_chat_template(path)?
+        } else {
+            let file = GgufFile::open(path).map_err(|e| TokenizerError::Gguf(e.to_string()))?;
+            gguf_chat_template(&file)
+        };
+        Ok(match source {
+            Some(src) => Self::new(&src)?,
+            None => Self::builtin(fallback),
+        })
     }
 
     /// Set the strings passed as `bos_token` / `eos_token` (defaults `<bos>` / `<eos>`).

@@ -248,3 +248,45 @@ fn llama_scores_vocabulary_defaults_to_space_prefix() {
     assert_eq!(e, vec![2, pos("▁ab") as u32]);
     assert_eq!(tok.decode(&e, true).unwrap(), "ab");
 }
+
+#[test]
+fn chat_template_from_model_path() {
+    let dir = tempfile::tempdir().unwrap();
+    // GGUF with a template.
+    let with = dir.path().join("with.gguf");
+    let (tokens, types) = gemma4_vocab();
+    let w = |tmpl: Option<&str>| {
+        let mut w = GgufWriter::new()
+            .meta("tokenizer.ggml.model", MetaValue::String("gemma4".into()))
+            .meta("tokenizer.ggml.tokens", strings(&tokens))
+            .meta(
+                "tokenizer.ggml.token_type",
+                MetaValue::Array(MetaArray::I32(types.clone())),
+            )
+            .meta("tokenizer.ggml.merges", strings(&[]));
+        if let Some(t) = tmpl {
+            w = w.meta("tokenizer.chat_template", MetaValue::String(t.into()));
+        }
+        w
+    };
+    w(Some("T:{{ messages[0].content }}")).write(&with).unwrap();
+    let t = ChatTemplate::from_model_path(&with, ChatFamily::Gemma3).unwrap();
+    assert_eq!(t.render(&[ChatMessage::user("x")], true).unwrap(), "T:x");
+    // GGUF without one: the fallback family.
+    let without = dir.path().join("without.gguf");
+    w(None).write(&without).unwrap();
+    let t = ChatTemplate::from_model_path(&without, ChatFamily::Gemma4).unwrap();
+    assert!(t.is_builtin());
+    assert_eq!(
+        t.render(&[ChatMessage::user("x")], true).unwrap(),
+        "<bos><|turn>user\nx<turn|>\n<|turn>model\n"
+    );
+    // HF directory with chat_template.jinja.
+    std::fs::write(dir.path().join("chat_template.jinja"), "J{{ bos_token }}").unwrap();
+    let t = ChatTemplate::from_model_path(dir.path(), ChatFamily::Gemma3).unwrap();
+    assert_eq!(t.render(&[], false).unwrap(), "J<bos>");
+    // A missing file is an error.
+    assert!(
+        ChatTemplate::from_model_path(&dir.path().join("nope.gguf"), ChatFamily::Gemma3).is_err()
+    );
+}
