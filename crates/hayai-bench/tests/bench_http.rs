@@ -350,3 +350,49 @@ fn streaming_without_usage_aborts() {
     let e = run_bench(&o).unwrap_err();
     assert!(e.to_string().contains("usage"), "{e}");
 }
+
+#[test]
+fn stream_error_event_is_a_failed_request() {
+    let server = MockServer::start(|req| match req.path.as_str() {
+        "/v1/models" => models("m"),
+        _ => {
+            let content = req.body["messages"][0]["content"].as_str().unwrap_or("");
+            if content == "one" && req.body["max_tokens"] != 32 {
+                return MockResponse::Sse(vec![
+                    (
+                        Duration::ZERO,
+                        json!({"choices": [{"delta": {"content": "a"}}]}).to_string(),
+                    ),
+                    (
+                        Duration::ZERO,
+                        json!({"error": {"message": "engine fault"}}).to_string(),
+                    ),
+                ]);
+            }
+            MockResponse::Sse(vec![
+                (
+                    Duration::ZERO,
+                    json!({"choices": [{"delta": {"content": "a"}}]}).to_string(),
+                ),
+                (
+                    Duration::ZERO,
+                    json!({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+                        .to_string(),
+                ),
+                (Duration::ZERO, "[DONE]".to_string()),
+            ])
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(
+        &server.url,
+        DatasetSpec::ShareGpt(sharegpt_file(dir.path(), &PROMPTS[..3])),
+    );
+    o.stream = true;
+    o.output_len = 1;
+    let r = run_bench(&o).unwrap();
+    assert_eq!((r.summary.completed, r.summary.failed), (2, 1));
+    let bad = r.requests.iter().find(|x| x.error.is_some()).unwrap();
+    assert_eq!(bad.id, "a");
+    assert!(bad.error.as_ref().unwrap().contains("engine fault"));
+}
