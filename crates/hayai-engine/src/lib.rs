@@ -4,6 +4,7 @@
 
 pub mod logprobs;
 pub mod sampling;
+pub mod speculative;
 
 use std::time::{Duration, Instant};
 

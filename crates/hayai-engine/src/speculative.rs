@@ -219,3 +219,193 @@ impl SpecTarget for CpuMtp {
         Ok(drafts)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use hayai_model::gemma4::load_hf_dir;
+    use hayai_model::synth::{synth, SynthDtype};
+
+    use super::*;
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../hayai-model/tests/fixtures/gemma4")
+    }
+
+    fn plain_greedy(runner: &mut CpuRunner, prompt: &[u32], n: usize, stops: &[u32]) -> Vec<u32> {
+        runner.truncate(0);
+        let mut next = 0;
+        runner
+            .forward(prompt, Rows::Last, &mut |_, l| next = argmax(l))
+            .unwrap();
+        let mut out = Vec::new();
+        loop {
+            out.push(next);
+            if out.len() >= n || stops.contains(&next) {
+                return out;
+            }
+            next = runner.greedy_step(next).unwrap();
+        }
+    }
+
+    /// Speculative output equals plain greedy for several draft lengths and prompts.
+    fn check_identity(target: &Path, assistant: &Path, stops: &[u32]) -> (usize, usize) {
+        let model = Arc::new(load_hf_dir(target).unwrap());
+        let asst = Arc::new(Assistant::load_hf_dir(assistant).unwrap());
+        let mut plain = CpuRunner::new(model.clone()).unwrap();
+        let mut spec = CpuMtp::new(CpuRunner::new(model.clone()).unwrap(), asst).unwrap();
+        let (mut drafted, mut accepted) = (0, 0);
+        let vocab = model.spec.vocab as u32;
+        for (pi, plen) in [1usize, 5, 23].into_iter().enumerate() {
+            let prompt: Vec<u32> = (0..plen as u32)
+                .map(|i| (i * 131 + 7 * pi as u32 + 3) % vocab)
+                .collect();
+            let want = plain_greedy(&mut plain, &prompt, 40, stops);
+            for k in [1usize, 2, 4, 7] {
+                let cfg = SpecConfig {
+                    draft_len: k,
+                    max_tokens: 40,
+                    stop_tokens: stops.to_vec(),
+                };
+                let mut streamed = Vec::new();
+                let out = generate_greedy(&mut spec, &prompt, &cfg, &mut |t| {
+                    streamed.push(t);
+                    true
+                })
+                .unwrap();
+                assert_eq!(out.tokens, want, "prompt {pi}, k = {k}");
+                assert_eq!(streamed, want);
+                assert_eq!(out.stopped, stops.contains(want.last().unwrap()));
+                assert!(out.accepted <= out.drafted);
+                drafted += out.drafted;
+                accepted += out.accepted;
+            }
+        }
+        (drafted, accepted)
+    }
+
+    #[test]
+    fn speculative_equals_greedy_on_transformers_fixture() {
+        let f = fixtures();
+        let (d, a) = check_identity(&f.join("causal"), &f.join("assistant"), &[]);
+        assert!(d > 0);
+        eprintln!("fixture: accepted {a} of {d} drafts");
+    }
+
+    #[test]
+    fn speculative_equals_greedy_on_synthetic_models() {
+        for dtype in [SynthDtype::F32, SynthDtype::Bf16] {
+            let dir = tempfile::tempdir().unwrap();
+            let (t, a) = (dir.path().join("t"), dir.path().join("a"));
+            synth("tiny", 3, &t, dtype).unwrap();
+            synth("tiny-assistant", 3, &a, dtype).unwrap();
+            let (d, acc) = check_identity(&t, &a, &[]);
+            eprintln!("synth {dtype:?}: accepted {acc} of {d} drafts");
+            // Stop tokens end both decoders at the same place.
+            check_identity(&t, &a, &[1, 106, 50, 7, 300]);
+        }
+    }
+
+    #[test]
+    fn rejects_a_mismatched_assistant() {
+        let dir = tempfile::tempdir().unwrap();
+        synth("small-assistant", 1, dir.path(), SynthDtype::Bf16).unwrap();
+        let asst = Arc::new(Assistant::load_hf_dir(dir.path()).unwrap());
+        let model = Arc::new(load_hf_dir(&fixtures().join("causal")).unwrap());
+        let err = CpuMtp::new(CpuRunner::new(model).unwrap(), asst)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("hidden size"), "{err}");
+    }
+
+    /// A drafter that knows the true greedy continuation and corrupts some of it, to drive
+    /// full, partial and zero acceptance, stops inside accepted drafts and `max_tokens`
+    /// boundaries through the loop.
+    struct Oracle {
+        runner: CpuRunner,
+        stream: Vec<u32>,
+        vocab: u32,
+    }
+
+    impl SpecTarget for Oracle {
+        fn runner(&mut self) -> &mut dyn Runner {
+            &mut self.runner
+        }
+        fn draft(
+            &mut self,
+            token: u32,
+            _row: usize,
+            k: usize,
+            stops: &[u32],
+        ) -> Result<Vec<u32>, ModelError> {
+            let at = self.runner.len();
+            assert_eq!(self.stream[at], token, "drafting from the wrong position");
+            let mut out = Vec::new();
+            for j in 1..=k {
+                let Some(&t) = self.stream.get(at + j) else {
+                    break;
+                };
+                let t = if (at + j) % 5 == 3 {
+                    (t + 1) % self.vocab
+                } else {
+                    t
+                };
+                out.push(t);
+                if stops.contains(&t) {
+                    break;
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    #[test]
+    fn acceptance_bookkeeping_with_an_oracle_drafter() {
+        let model = Arc::new(load_hf_dir(&fixtures().join("conditional")).unwrap());
+        let mut plain = CpuRunner::new(model.clone()).unwrap();
+        let prompt: Vec<u32> = vec![2, 40, 41, 300, 7, 9];
+        let want = plain_greedy(&mut plain, &prompt, 60, &[]);
+        let mut stream = prompt.clone();
+        stream.extend_from_slice(&want);
+        let mut o = Oracle {
+            runner: CpuRunner::new(model).unwrap(),
+            stream,
+            vocab: 512,
+        };
+        for k in [1usize, 3, 4, 8] {
+            for max in [1usize, 7, 60] {
+                let cfg = SpecConfig {
+                    draft_len: k,
+                    max_tokens: max,
+                    stop_tokens: vec![],
+                };
+                let out = generate_greedy(&mut o, &prompt, &cfg, &mut |_| true).unwrap();
+                assert_eq!(out.tokens, want[..max], "k = {k}, max = {max}");
+                if max == 60 {
+                    assert!(out.accepted > out.drafted / 3, "{out:?}");
+                    assert!(out.tokens_per_round() > 1.5);
+                }
+            }
+            // A stop token inside an accepted run of drafts ends generation there.
+            let stop = want[20];
+            let end = want.iter().position(|&t| t == stop).unwrap();
+            let cfg = SpecConfig {
+                draft_len: k,
+                max_tokens: 60,
+                stop_tokens: vec![stop],
+            };
+            let out = generate_greedy(&mut o, &prompt, &cfg, &mut |_| true).unwrap();
+            assert_eq!(out.tokens, want[..=end]);
+            assert!(out.stopped);
+            // The callback can end generation early.
+            let mut seen = 0;
+            let out = generate_greedy(&mut o, &prompt, &cfg, &mut |_| {
+                seen += 1;
+                seen < 3
+            })
+            .unwrap();
+            assert_eq!(out.tokens, want[..3.min(end + 1)]);
+        }
+    }
+}

@@ -360,9 +360,9 @@ fn target_tensors(s: &TargetShape) -> Vec<TensorPlan> {
         norm(format!("{p}per_layer_projection_norm.weight"), s.ple_dim),
         final_norm(format!("{p}norm.weight"), h),
     ];
-    for i in 0..s.layers {
+    for (i, ty) in types.iter().enumerate() {
         let l = |n: &str| format!("{p}layers.{i}.{n}");
-        let hd = if types[i] == "full_attention" {
+        let hd = if *ty == "full_attention" {
             s.global_head_dim
         } else {
             s.head_dim
@@ -556,7 +556,7 @@ fn write_safetensors(
         offset += n;
     }
     let mut hbytes = serde_json::to_vec(&Value::Object(header)).expect("header serializes");
-    while hbytes.len() % 8 != 0 {
+    while !hbytes.len().is_multiple_of(8) {
         hbytes.push(b' ');
     }
     let file = File::create(path).map_err(|e| io_err(path, e))?;
