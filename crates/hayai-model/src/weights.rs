@@ -103,9 +103,9 @@ impl Matrix {
             });
             return;
         }
-        // Several inputs: block output rows so a weight row is reused across all inputs while
-        // it is in cache.
-        const RB: usize = 64;
+        // Several inputs: blocks of output rows in parallel; inside a block, 3×4 register
+        // tiles (3 weight rows × 4 inputs) so each loaded vector feeds several FMA chains.
+        const RB: usize = 48;
         let mut out_t = vec![0.0f32; r * n]; // rows × n, transposed
         out_t
             .par_chunks_mut(RB * n)
@@ -113,17 +113,41 @@ impl Matrix {
             .for_each(|(bi, block)| {
                 let r0 = bi * RB;
                 let rows_here = block.len() / n;
-                let mut wrow = vec![0.0f32; c];
-                for j in 0..rows_here {
-                    let w: &[f32] = match &self.data {
-                        Storage::F32(v) => &v[(r0 + j) * c..(r0 + j + 1) * c],
-                        Storage::Bf16(_) => {
-                            self.row_into(r0 + j, &mut wrow);
-                            &wrow
+                // bf16 rows are widened once per block.
+                let widened: Vec<f32>;
+                let wrows: &[f32] = match &self.data {
+                    Storage::F32(v) => &v[r0 * c..(r0 + rows_here) * c],
+                    Storage::Bf16(v) => {
+                        widened = v[r0 * c..(r0 + rows_here) * c]
+                            .iter()
+                            .map(|&b| bf16::from_bits(b).to_f32())
+                            .collect();
+                        &widened
+                    }
+                };
+                let wr = |j: usize| &wrows[j * c..(j + 1) * c];
+                let xr = |t: usize| &xs[t * c..(t + 1) * c];
+                let (full_j, full_t) = (rows_here / 3 * 3, n / 4 * 4);
+                for j in (0..full_j).step_by(3) {
+                    for t in (0..full_t).step_by(4) {
+                        let tile = simd::tile_3x4(
+                            [wr(j), wr(j + 1), wr(j + 2)],
+                            [xr(t), xr(t + 1), xr(t + 2), xr(t + 3)],
+                            c,
+                        );
+                        for (i, row) in tile.iter().enumerate() {
+                            block[(j + i) * n + t..(j + i) * n + t + 4].copy_from_slice(row);
                         }
-                    };
+                    }
+                    for t in full_t..n {
+                        for i in 0..3 {
+                            block[(j + i) * n + t] = simd::dot(wr(j + i), xr(t));
+                        }
+                    }
+                }
+                for j in full_j..rows_here {
                     for t in 0..n {
-                        block[j * n + t] = simd::dot(w, &xs[t * c..(t + 1) * c]);
+                        block[j * n + t] = simd::dot(wr(j), xr(t));
                     }
                 }
             });

@@ -110,3 +110,84 @@ mod tests {
         }
     }
 }
+
+/// `out[i][j] = dot(w[i], x[j])` for 3 weight rows and 4 inputs of length `n` (a register
+/// tile: each loaded weight and input vector feeds several independent FMA chains).
+pub fn tile_3x4(w: [&[f32]; 3], x: [&[f32]; 4], n: usize) -> [[f32; 4]; 3] {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA; slices are at least `n` long (checked).
+        assert!(w.iter().all(|r| r.len() >= n) && x.iter().all(|r| r.len() >= n));
+        return unsafe { tile_avx2(w, x, n) };
+    }
+    let mut out = [[0.0f32; 4]; 3];
+    for i in 0..3 {
+        for j in 0..4 {
+            out[i][j] = dot_lanes(&w[i][..n], &x[j][..n]);
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2(w: [&[f32]; 3], x: [&[f32]; 4], n: usize) -> [[f32; 4]; 3] {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 4]; 3];
+    let chunks = n / 8;
+    for c in 0..chunks {
+        let o = c * 8;
+        let w0 = _mm256_loadu_ps(w[0].as_ptr().add(o));
+        let w1 = _mm256_loadu_ps(w[1].as_ptr().add(o));
+        let w2 = _mm256_loadu_ps(w[2].as_ptr().add(o));
+        for j in 0..4 {
+            let xj = _mm256_loadu_ps(x[j].as_ptr().add(o));
+            acc[0][j] = _mm256_fmadd_ps(w0, xj, acc[0][j]);
+            acc[1][j] = _mm256_fmadd_ps(w1, xj, acc[1][j]);
+            acc[2][j] = _mm256_fmadd_ps(w2, xj, acc[2][j]);
+        }
+    }
+    let mut out = [[0.0f32; 4]; 3];
+    for i in 0..3 {
+        for j in 0..4 {
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i][j]);
+            let mut s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+                + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+            for k in chunks * 8..n {
+                s = w[i][k].mul_add(x[j][k], s);
+            }
+            out[i][j] = s;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tile_tests {
+    use super::*;
+
+    #[test]
+    fn tile_matches_dot() {
+        for n in [5usize, 8, 64, 641] {
+            let rows: Vec<Vec<f32>> = (0..7)
+                .map(|r| {
+                    (0..n)
+                        .map(|i| ((i * 31 + r * 7) % 23) as f32 / 7.0 - 1.5)
+                        .collect()
+                })
+                .collect();
+            let t = tile_3x4(
+                [&rows[0], &rows[1], &rows[2]],
+                [&rows[3], &rows[4], &rows[5], &rows[6]],
+                n,
+            );
+            for i in 0..3 {
+                for j in 0..4 {
+                    let want = dot(&rows[i], &rows[3 + j]);
+                    assert!((t[i][j] - want).abs() <= 1e-4 * (1.0 + want.abs()));
+                }
+            }
+        }
+    }
+}
