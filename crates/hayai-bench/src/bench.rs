@@ -43,7 +43,7 @@ impl Endpoint {
 }
 
 /// Options of [`run_bench`]. `Default` gives the challenge rig except the dataset path.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct BenchOptions {
     pub base_url: String,
     /// Served model name; `None` → first id of `GET /v1/models`.
@@ -68,6 +68,8 @@ pub struct BenchOptions {
     pub show_progress: bool,
     /// Per-request timeout; `None` waits forever.
     pub request_timeout: Option<Duration>,
+    /// Poll `GET /v1/models` for up to this long before starting (`None`: no polling).
+    pub wait_ready: Option<Duration>,
 }
 
 impl Default for BenchOptions {
@@ -90,6 +92,7 @@ impl Default for BenchOptions {
             output_dir: None,
             show_progress: true,
             request_timeout: Some(Duration::from_secs(3600)),
+            wait_ready: Some(crate::http::DEFAULT_WAIT_READY),
         }
     }
 }
@@ -476,7 +479,7 @@ pub fn run_bench(opts: &BenchOptions) -> Result<BenchResult> {
     }
     let prompts = dataset::load(&opts.dataset, opts.num_prompts, opts.seed, opts.shuffle)?;
     let client = Client::new(&opts.base_url, opts.request_timeout)?;
-    let model = client.resolve_model(opts.model.as_deref())?;
+    let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
     run_bench_on(&client, &model, &prompts, opts, &opts.dataset.describe())
 }
 
@@ -491,7 +494,7 @@ pub fn run_bench_with_prompts(
         return Err(Error::Options("empty prompt set".into()));
     }
     let client = Client::new(&opts.base_url, opts.request_timeout)?;
-    let model = client.resolve_model(opts.model.as_deref())?;
+    let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
     run_bench_on(&client, &model, prompts, opts, dataset_label)
 }
 
@@ -704,5 +707,70 @@ pub fn summarize(
         stream: opts.stream,
         timestamp,
         unix_time,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_bodies() {
+        let o = BenchOptions::default();
+        let chat = request_body("m", Endpoint::Chat, "hi", 512, &o, false);
+        assert_eq!(
+            chat,
+            json!({"model": "m", "max_tokens": 512, "temperature": 0.0, "ignore_eos": true,
+                   "stream": false, "messages": [{"role": "user", "content": "hi"}]})
+        );
+        let comp = request_body("m", Endpoint::Completions, "hi", 8, &o, true);
+        assert_eq!(comp["prompt"], "hi");
+        assert_eq!(comp["stream_options"]["include_usage"], true);
+        assert!(comp.get("messages").is_none());
+    }
+
+    #[test]
+    fn options_serialise_for_run_metadata() {
+        let v = serde_json::to_value(BenchOptions::default()).unwrap();
+        assert_eq!(v["num_prompts"], 128);
+        assert_eq!(v["output_len"], 512);
+        assert_eq!(v["endpoint"], "chat");
+    }
+
+    #[test]
+    fn summary_math_is_pure() {
+        let rec = |i: usize, p: u64, c: u64, lat: f64, err: bool| RequestRecord {
+            index: i,
+            id: format!("r{i}"),
+            prompt_tokens: (!err).then_some(p),
+            completion_tokens: (!err).then_some(c),
+            start_ms: 0.0,
+            latency_ms: lat,
+            ttft_ms: None,
+            itl_ms: None,
+            tpot_ms: None,
+            finish_reason: None,
+            error: err.then(|| "boom".to_string()),
+        };
+        let o = BenchOptions {
+            output_len: 10,
+            ..BenchOptions::default()
+        };
+        let reqs = [
+            rec(0, 5, 10, 100.0, false),
+            rec(1, 7, 10, 300.0, false),
+            rec(2, 9, 4, 200.0, false),
+            rec(3, 1, 1, 50.0, true),
+        ];
+        let s = summarize(&reqs, 2.0, "m", "u", &o, "d", "t".into(), 0.0);
+        assert_eq!((s.completed, s.failed, s.short_outputs), (3, 1, 1));
+        assert_eq!((s.total_input_tokens, s.total_output_tokens), (21, 24));
+        assert_eq!(s.tps, 12.0);
+        assert_eq!(s.total_tps, 22.5);
+        assert_eq!(s.request_throughput_req_s, 1.5);
+        assert_eq!(s.mean_e2e_latency_ms, Some(200.0));
+        assert_eq!(s.median_e2e_latency_ms, Some(200.0));
+        assert!((s.p99_e2e_latency_ms.unwrap() - 298.0).abs() < 1e-9);
+        assert!(s.mean_ttft_ms.is_none() && s.ttft_ms.is_none());
     }
 }

@@ -24,7 +24,7 @@ use crate::util;
 pub type PromptEncoder<'a> = &'a dyn Fn(&str) -> anyhow::Result<Vec<u32>>;
 
 /// Options of [`run_capture`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct CaptureOptions {
     pub base_url: String,
     /// `None` → first id of `GET /v1/models`.
@@ -39,6 +39,8 @@ pub struct CaptureOptions {
     pub output_dir: Option<PathBuf>,
     pub show_progress: bool,
     pub request_timeout: Option<Duration>,
+    /// Poll `GET /v1/models` for up to this long before starting (`None`: no polling).
+    pub wait_ready: Option<Duration>,
 }
 
 impl Default for CaptureOptions {
@@ -53,6 +55,7 @@ impl Default for CaptureOptions {
             output_dir: None,
             show_progress: true,
             request_timeout: Some(Duration::from_secs(3600)),
+            wait_ready: Some(crate::http::DEFAULT_WAIT_READY),
         }
     }
 }
@@ -187,7 +190,7 @@ pub fn run_capture(opts: &CaptureOptions, encode: PromptEncoder<'_>) -> Result<C
     }
     let prompts = dataset::select(all, n, opts.seed, true);
     let client = Client::new(&opts.base_url, opts.request_timeout)?;
-    let model = client.resolve_model(opts.model.as_deref())?;
+    let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
     let pb = util::progress_bar(prompts.len() as u64, opts.show_progress, "capture");
     let start = Instant::now();
     let (timestamp, unix_time) = util::now_stamp();

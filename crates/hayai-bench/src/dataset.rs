@@ -17,7 +17,8 @@ pub struct Prompt {
 }
 
 /// Where prompts come from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DatasetSpec {
     /// A ShareGPT-format JSON array `[{id?, conversations: [{from: "human", value}, ...]}, ...]`.
     ShareGpt(PathBuf),

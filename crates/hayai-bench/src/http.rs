@@ -8,6 +8,9 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
+/// How long `run_*` functions wait for `GET /v1/models` to answer by default.
+pub const DEFAULT_WAIT_READY: Duration = Duration::from_secs(60);
+
 /// Response bodies can be large (`prompt_logprobs` for ~3k-token prompts); allow up to 1 GiB.
 const BODY_LIMIT: u64 = 1 << 30;
 /// Error bodies are quoted in messages; keep them short.
@@ -36,7 +39,8 @@ impl Client {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(timeout)
-            .max_idle_connections_per_host(256)
+            .max_idle_connections(512)
+            .max_idle_connections_per_host(512)
             .build();
         Ok(Client {
             agent: config.into(),
@@ -159,6 +163,56 @@ impl Client {
                     v.to_string()
                 ))
             })
+    }
+
+    /// Poll `GET /v1/models` every 500 ms until it answers 200 with at least one model (servers
+    /// answer 503 or refuse connections while loading), for at most `timeout`. Returns the model ids.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = match self.get_json("/v1/models") {
+                Ok(v) => {
+                    let ids: Vec<String> = v
+                        .get("data")
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|m| m.get("id").and_then(Value::as_str))
+                                .map(str::to_string)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if !ids.is_empty() {
+                        return Ok(ids);
+                    }
+                    format!("no model listed: {:.200}", v.to_string())
+                }
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(Error::Http {
+                    url: self.url("/v1/models"),
+                    msg: format!(
+                        "server not ready after {:.0} s: {last}",
+                        timeout.as_secs_f64()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Optionally wait for readiness (see [`Self::wait_ready`]), then resolve the model name: the
+    /// given one, or the server's first model.
+    pub fn prepare(&self, model: Option<&str>, wait: Option<Duration>) -> Result<String> {
+        if let Some(t) = wait {
+            let ids = self.wait_ready(t)?;
+            if let Some(m) = model.filter(|m| !m.is_empty()) {
+                return Ok(m.to_string());
+            }
+            return Ok(ids[0].clone());
+        }
+        self.resolve_model(model)
     }
 
     /// Resolve an optional model name: the given one, or the server's first model.

@@ -382,7 +382,7 @@ pub struct PplSummary {
 }
 
 /// Options of [`run_ppl`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct PplOptions {
     pub base_url: String,
     /// `None` → first id of `GET /v1/models`.
@@ -396,6 +396,8 @@ pub struct PplOptions {
     pub limit: Option<usize>,
     pub show_progress: bool,
     pub request_timeout: Option<Duration>,
+    /// Poll `GET /v1/models` for up to this long before starting (`None`: no polling).
+    pub wait_ready: Option<Duration>,
 }
 
 impl Default for PplOptions {
@@ -409,6 +411,7 @@ impl Default for PplOptions {
             limit: None,
             show_progress: true,
             request_timeout: Some(Duration::from_secs(3600)),
+            wait_ready: Some(crate::http::DEFAULT_WAIT_READY),
         }
     }
 }
@@ -497,7 +500,7 @@ pub fn run_ppl(opts: &PplOptions) -> Result<PplResult> {
         records.truncate(n);
     }
     let client = Client::new(&opts.base_url, opts.request_timeout)?;
-    let model = client.resolve_model(opts.model.as_deref())?;
+    let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
     let pb = util::progress_bar(records.len() as u64, opts.show_progress, "ppl");
     let start = Instant::now();
     let mut acc = PplAccumulator::new();

@@ -28,7 +28,7 @@ pub struct ReportEntry {
 }
 
 /// Options of [`run_report`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ReportOptions {
     pub results_root: PathBuf,
     /// Where to write the markdown leaderboard (not written when `None`).

@@ -59,7 +59,7 @@ impl PplCap {
 }
 
 /// Options of [`run_verify`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct VerifyOptions {
     pub base_url: String,
     pub model: Option<String>,
@@ -91,6 +91,8 @@ pub struct VerifyOptions {
     pub output_dir: Option<PathBuf>,
     pub show_progress: bool,
     pub request_timeout: Option<Duration>,
+    /// Poll `GET /v1/models` for up to this long before starting (`None`: no polling).
+    pub wait_ready: Option<Duration>,
 }
 
 impl Default for VerifyOptions {
@@ -118,6 +120,7 @@ impl Default for VerifyOptions {
             output_dir: None,
             show_progress: true,
             request_timeout: Some(Duration::from_secs(3600)),
+            wait_ready: Some(crate::http::DEFAULT_WAIT_READY),
         }
     }
 }
@@ -430,7 +433,7 @@ pub fn run_verify(
         },
     ) = prompt_sets(opts)?;
     let client = crate::http::Client::new(&opts.base_url, opts.request_timeout)?;
-    let model = client.resolve_model(opts.model.as_deref())?;
+    let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
     let bench_opts = BenchOptions {
         base_url: opts.base_url.clone(),
         model: Some(model.clone()),
@@ -449,6 +452,7 @@ pub fn run_verify(
         output_dir: None,
         show_progress: opts.show_progress,
         request_timeout: opts.request_timeout,
+        wait_ready: None,
     };
     let mut tps = [Vec::new(), Vec::new()];
     let mut failed = [0usize, 0usize];
@@ -481,6 +485,7 @@ pub fn run_verify(
         limit: None,
         show_progress: opts.show_progress,
         request_timeout: opts.request_timeout,
+        wait_ready: None,
     })?;
 
     let identity = match (&opts.reference_capture, encoder) {
@@ -500,6 +505,7 @@ pub fn run_verify(
                     output_dir: opts.output_dir.clone(),
                     show_progress: opts.show_progress,
                     request_timeout: opts.request_timeout,
+                    wait_ready: None,
                 },
                 enc,
             )?;

@@ -396,3 +396,47 @@ fn stream_error_event_is_a_failed_request() {
     assert_eq!(bad.id, "a");
     assert!(bad.error.as_ref().unwrap().contains("engine fault"));
 }
+
+#[test]
+fn waits_for_the_server_to_list_a_model() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let server = MockServer::start(move |req| match req.path.as_str() {
+        "/v1/models" => {
+            // Loading: 503 twice, then an empty list, then ready.
+            match c.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => MockResponse::Json(503, json!({"error": {"message": "loading"}})),
+                2 => MockResponse::Json(200, json!({"data": []})),
+                _ => models("late-model"),
+            }
+        }
+        _ => MockResponse::Json(
+            200,
+            json!({"choices": [{"message": {"content": ""}}],
+                                             "usage": {"prompt_tokens": 1, "completion_tokens": 4}}),
+        ),
+    });
+    let mut o = opts(&server.url, DatasetSpec::Random { input_words: 4 });
+    o.num_prompts = 2;
+    o.output_len = 4;
+    o.wait_ready = Some(Duration::from_secs(10));
+    let r = run_bench(&o).unwrap();
+    assert_eq!(r.summary.model, "late-model");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+
+    // Nothing listening: the error says so after the wait.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut o = opts(
+        &format!("http://127.0.0.1:{port}"),
+        DatasetSpec::Random { input_words: 4 },
+    );
+    o.wait_ready = Some(Duration::from_millis(600));
+    let t = std::time::Instant::now();
+    let e = run_bench(&o).unwrap_err().to_string();
+    assert!(e.contains("not ready after"), "{e}");
+    assert!(t.elapsed() >= Duration::from_millis(500));
+}
