@@ -303,6 +303,13 @@ fn chat_logprobs(text: &dyn TextModel, gen: &[LogprobEntry], k: usize) -> Value 
     json!({ "content": content })
 }
 
+/// Run request preparation (tokenizer, chat template) so that a bug there is a 500 for this
+/// request rather than a dropped connection.
+fn guarded(f: impl FnOnce() -> Result<Prepared, ApiError>) -> Result<Prepared, ApiError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err(ApiError::internal("request preparation failed")))
+}
+
 /// Wait for the job's final event (non-streaming requests).
 async fn wait_done(mut rx: UnboundedReceiver<Event>) -> Result<Finished, ApiError> {
     while let Some(ev) = rx.recv().await {
@@ -331,7 +338,7 @@ enum Kind {
 }
 
 pub async fn completions(State(st): State<AppState>, JsonBody(body): JsonBody) -> Response {
-    let p = match prepare_completion(&st.ctx(), &body) {
+    let p = match guarded(|| prepare_completion(&st.ctx(), &body)) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -407,7 +414,7 @@ pub async fn completions(State(st): State<AppState>, JsonBody(body): JsonBody) -
 }
 
 pub async fn chat_completions(State(st): State<AppState>, JsonBody(body): JsonBody) -> Response {
-    let p = match prepare_chat(&st.ctx(), &body) {
+    let p = match guarded(|| prepare_chat(&st.ctx(), &body)) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };

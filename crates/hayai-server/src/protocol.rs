@@ -400,6 +400,7 @@ pub fn parse_prompt(ctx: &Ctx, v: Option<&Value>) -> Result<PromptInput, ApiErro
 pub fn prepare_completion(ctx: &Ctx, body: &Value) -> Result<Prepared, ApiError> {
     // Two passes over the same object (rather than `serde(flatten)`) so errors name the field.
     let common: CommonFields = from_value(body)?;
+    check_model(ctx, &common.model)?;
     let b: CompletionBody = from_value(body)?;
     if b.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported("suffix", "`suffix` is not supported"));
@@ -484,6 +485,7 @@ fn message_text(i: usize, content: &Option<Value>) -> Result<String, ApiError> {
 
 pub fn prepare_chat(ctx: &Ctx, body: &Value) -> Result<Prepared, ApiError> {
     let common: CommonFields = from_value(body)?;
+    check_model(ctx, &common.model)?;
     let b: ChatBody = from_value(body)?;
     if b.messages.is_empty() {
         return Err(ApiError::invalid_param(
