@@ -1,7 +1,7 @@
 //! hayai-bench: the client-side challenge harness. It scores any OpenAI-compatible server (hayai,
 //! vLLM, llama.cpp's server) the same way, following `design/HARNESS.md`:
 //!
-//! * [`bench`] — throughput (TPS) with SGLang bench_serving semantics (§1);
+//! * [`bench`](mod@bench) — throughput (TPS) with SGLang bench_serving semantics (§1);
 //! * [`ppl`] — the perplexity guardrail over `prompt_logprobs` (§2), plus the shared record parser
 //!   and aggregation used by the in-process perplexity mode;
 //! * [`capture`] / [`identity`] — greedy-identity captures and their comparison (§3.1);
