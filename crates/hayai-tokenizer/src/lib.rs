@@ -4,6 +4,7 @@
 
 pub mod chat;
 mod error;
+mod fxhash;
 mod gguf;
 mod hf;
 mod roundtrip;

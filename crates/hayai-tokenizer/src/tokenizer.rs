@@ -12,9 +12,10 @@
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use crate::error::{Result, TokenizerError};
+use crate::fxhash::FxMap;
 
 /// The escaped form of a space inside vocabulary pieces.
 pub const SPACE_MARK: char = '\u{2581}';
@@ -98,7 +99,7 @@ enum Algo {
     Scores(Vec<f32>),
     Merges {
         /// (left id, right id) -> (rank, merged id)
-        table: HashMap<(u32, u32), (u32, u32)>,
+        table: FxMap<(u32, u32), (u32, u32)>,
         ignore_merges: bool,
     },
 }
@@ -197,7 +198,7 @@ pub struct EncodeOptions {
 pub struct Tokenizer {
     tokens: Vec<String>,
     kinds: Vec<TokenKind>,
-    token_to_id: HashMap<String, u32>,
+    token_to_id: FxMap<String, u32>,
     algo: Algo,
     byte_ids: [Option<u32>; 256],
     specials: SpecialTrie,
@@ -272,7 +273,7 @@ impl Tokenizer {
             }
         }
 
-        let mut token_to_id = HashMap::with_capacity(n);
+        let mut token_to_id = FxMap::with_capacity_and_hasher(n, Default::default());
         let mut byte_ids = [None; 256];
         let mut specials = SpecialTrie::new();
         for (i, (text, &kind)) in spec.tokens.iter().zip(&spec.kinds).enumerate() {
@@ -312,7 +313,7 @@ impl Tokenizer {
                 Algo::Scores(scores)
             }
             MergeRule::Merges(merges) => {
-                let mut table = HashMap::with_capacity(merges.len());
+                let mut table = FxMap::with_capacity_and_hasher(merges.len(), Default::default());
                 for (rank, (a, b)) in merges.iter().enumerate() {
                     let lookup = |s: &str| {
                         token_to_id.get(s).copied().ok_or_else(|| {
@@ -487,37 +488,44 @@ impl Tokenizer {
     /// token's occurrences left to right (llama.cpp's partitioning order).
     fn split_specials<'a>(&self, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
         let bytes = text.as_bytes();
-        // (start, end, id) of every occurrence of every eligible special token.
-        let mut occ: Vec<(usize, usize, u32)> = Vec::new();
+        // Start offsets of every occurrence, per eligible special token (ascending by construction).
+        let mut starts: FxMap<u32, Vec<usize>> = FxMap::default();
         for start in 0..bytes.len() {
-            self.specials.matches_at(bytes, start, |end, id| {
+            self.specials.matches_at(bytes, start, |_, id| {
                 let kind = self.kinds[id as usize];
                 if parse_special || kind == TokenKind::UserDefined {
-                    occ.push((start, end, id));
+                    starts.entry(id).or_default().push(start);
                 }
             });
         }
-        if occ.is_empty() {
+        if starts.is_empty() {
             return if text.is_empty() {
                 Vec::new()
             } else {
                 vec![Fragment::Text(text)]
             };
         }
-        occ.sort_unstable_by(|a, b| {
-            (b.1 - b.0)
-                .cmp(&(a.1 - a.0))
-                .then(a.2.cmp(&b.2))
-                .then(a.0.cmp(&b.0))
+        let mut order: Vec<u32> = starts.keys().copied().collect();
+        order.sort_unstable_by(|&a, &b| {
+            self.tokens[b as usize]
+                .len()
+                .cmp(&self.tokens[a as usize].len())
+                .then(a.cmp(&b))
         });
         let mut covered = vec![false; bytes.len()];
         let mut accepted: Vec<(usize, usize, u32)> = Vec::new();
-        for (s, e, id) in occ {
-            if covered[s..e].iter().any(|&c| c) {
-                continue;
+        for id in order {
+            let len = self.tokens[id as usize].len();
+            let mut next_free = 0;
+            for &s in &starts[&id] {
+                // Same-token matches do not overlap (the scan resumes after each match).
+                if s < next_free || covered[s..s + len].iter().any(|&c| c) {
+                    continue;
+                }
+                covered[s..s + len].iter_mut().for_each(|c| *c = true);
+                accepted.push((s, s + len, id));
+                next_free = s + len;
             }
-            covered[s..e].iter_mut().for_each(|c| *c = true);
-            accepted.push((s, e, id));
         }
         accepted.sort_unstable_by_key(|a| a.0);
         let mut frags = Vec::with_capacity(accepted.len() * 2 + 1);
@@ -616,7 +624,7 @@ impl Tokenizer {
     fn merge_by_rank(
         &self,
         text: &str,
-        table: &HashMap<(u32, u32), (u32, u32)>,
+        table: &FxMap<(u32, u32), (u32, u32)>,
         ignore_merges: bool,
         out: &mut Vec<u32>,
     ) {

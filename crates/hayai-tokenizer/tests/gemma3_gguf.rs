@@ -230,6 +230,17 @@ fn load_and_encode_speed() {
     );
     assert!(enc < Duration::from_millis(200), "encode took {enc:?}");
     assert_eq!(again.decode(&ids, false).unwrap(), word);
+
+    // Long whitespace runs: every position starts ~30 special-token matches.
+    for run in [" ", "\n", "\t"] {
+        let s = run.repeat(100_000);
+        let t0 = Instant::now();
+        let ids = again.encode(&s, false);
+        let enc = t0.elapsed();
+        eprintln!("encode 100000 x {run:?} -> {} tokens: {enc:?}", ids.len());
+        assert!(enc < Duration::from_secs(1), "encode took {enc:?}");
+        assert_eq!(again.decode(&ids, false).unwrap(), s);
+    }
 }
 
 /// Convert the GGUF's score-based vocabulary into an HF tokenizer.json with an explicit merge list (every

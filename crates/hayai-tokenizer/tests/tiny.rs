@@ -481,3 +481,30 @@ fn tokenizer_is_shareable_across_threads() {
     assert_send_sync::<Tokenizer>();
     assert_send_sync::<ChatTemplate>();
 }
+
+#[test]
+fn specials_are_cut_longest_token_first() {
+    use TokenKind::*;
+    // llama.cpp order: all matches of the longest special token first, so "bcd" wins over the
+    // earlier-starting "ab" in "abcd" (a leftmost-longest matcher would pick "ab").
+    let tok = Tokenizer::from_spec(VocabSpec {
+        tokens: ["<unk>", "ab", "bcd", "a", "d", "x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        kinds: vec![Unknown, UserDefined, UserDefined, Normal, Normal, Normal],
+        rule: MergeRule::Scores(vec![0.0; 6]),
+        bos_id: None,
+        eos_id: None,
+        unk_id: Some(0),
+        pad_id: None,
+        add_bos: false,
+        add_space_prefix: false,
+        ignore_merges: false,
+    })
+    .unwrap();
+    assert_eq!(tok.encode("abcd", false), vec![3, 2]);
+    assert_eq!(tok.encode("abxbcd", false), vec![1, 5, 2]);
+    assert_eq!(tok.encode("ababab", false), vec![1, 1, 1]);
+    assert_eq!(tok.decode(&[3, 2], false).unwrap(), "abcd");
+}
