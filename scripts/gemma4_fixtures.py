@@ -327,6 +327,10 @@ def reference_for(model, d, seed, n_records=3, length=40):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--check-against",
+        help="directory of previously generated fixtures: report whether this run reproduces them",
+    )
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     os.makedirs(args.out, exist_ok=True)
@@ -348,6 +352,32 @@ def main():
     ref, tens = reference_for(cond, dd, 202)
     write_reference(dd, ref, tens)
     print(f"conditional: ppl {ref['ppl']:.4f}, greedy {ref['greedy_tokens'][:8]}...")
+
+    if args.check_against:
+        report = {}
+        for name in ("causal", "conditional"):
+            with open(os.path.join(args.out, name, "reference.json")) as f:
+                new = json.load(f)
+            with open(os.path.join(args.check_against, name, "reference.json")) as f:
+                old = json.load(f)
+            same_weights = load_file(os.path.join(args.out, name, "model.safetensors")).keys() == load_file(
+                os.path.join(args.check_against, name, "model.safetensors")
+            ).keys() and all(
+                torch.equal(a, load_file(os.path.join(args.check_against, name, "model.safetensors"))[k])
+                for k, a in load_file(os.path.join(args.out, name, "model.safetensors")).items()
+            )
+            report[name] = {
+                "weights_identical": same_weights,
+                "records_identical": new["records"] == old["records"],
+                "greedy_identical": new["greedy_tokens"] == old["greedy_tokens"],
+                "drafts_identical": [d["draft_tokens"] for d in new.get("drafts", [])]
+                == [d["draft_tokens"] for d in old.get("drafts", [])],
+                "ppl_new": new["ppl"],
+                "ppl_old": old["ppl"],
+            }
+        print("reproduction:", json.dumps(report))
+        with open(os.path.join(args.out, "reproduction.json"), "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

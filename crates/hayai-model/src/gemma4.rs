@@ -725,34 +725,3 @@ pub fn load_weights(
         layers,
     })
 }
-
-/// A chat message for [`chat_prompt`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (rendered as `model`) or `model`.
-    pub role: String,
-    pub content: String,
-}
-
-/// Render a conversation in Gemma 4's turn format:
-/// `<bos><|turn>user\n{text}<turn|>\n ... <|turn>model\n`. `<bos>` is written as text so the
-/// tokenizer's special-token splitting maps it to id 2 (the tokenizer adds no BOS itself).
-pub fn chat_prompt(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
-    let mut s = String::from("<bos>");
-    for m in messages {
-        let role = if m.role == "assistant" {
-            "model"
-        } else {
-            m.role.as_str()
-        };
-        s.push_str("<|turn>");
-        s.push_str(role);
-        s.push('\n');
-        s.push_str(m.content.trim());
-        s.push_str("<turn|>\n");
-    }
-    if add_generation_prompt {
-        s.push_str("<|turn>model\n");
-    }
-    s
-}
