@@ -46,6 +46,13 @@ pub struct Report {
     pub svg: String,
 }
 
+impl Report {
+    /// Print the markdown leaderboard to stdout.
+    pub fn print(&self) {
+        print!("{}", self.markdown);
+    }
+}
+
 fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
