@@ -1,7 +1,7 @@
 //! Loading a [`Model`] from a GGUF file or a Hugging Face model directory.
 
 pub mod gguf;
-// pub mod hf; (pending safetensors)
+pub mod hf;
 
 use std::path::Path;
 
@@ -17,9 +17,7 @@ pub fn load_model(path: &Path) -> Result<Model, ModelError> {
         });
     }
     let model = if path.is_dir() {
-        return Err(ModelError::Unsupported(
-            "HF directories: loader pending".into(),
-        ));
+        hf::load_hf_dir(path)?
     } else {
         gguf::load_gguf(path)?
     };
