@@ -196,6 +196,14 @@ impl Tokenizer {
             .map(|&id| id as usize + 1)
             .max()
             .unwrap_or(0);
+        // Ids must be dense; checking before allocating keeps a stray huge id from exhausting memory.
+        if size > tj.model.vocab.len() + tj.added_tokens.len() {
+            return Err(TokenizerError::InvalidVocab(format!(
+                "token ids are not contiguous (largest id {} for {} entries)",
+                size - 1,
+                tj.model.vocab.len() + tj.added_tokens.len()
+            )));
+        }
         let mut tokens: Vec<Option<String>> = vec![None; size];
         let mut kinds = vec![TokenKind::Normal; size];
         for (text, &id) in &tj.model.vocab {

@@ -349,6 +349,11 @@ fn bad_tokenizer_json_is_a_clear_error() {
         Tokenizer::from_hf_json(gap, None),
         Err(TokenizerError::InvalidVocab(_))
     ));
+    let huge = r#"{"normalizer":{"type":"Replace","pattern":{"String":" "},"content":"▁"},"model":{"type":"BPE","vocab":{"<unk>":0,"a":4294967295},"merges":[]}}"#;
+    assert!(matches!(
+        Tokenizer::from_hf_json(huge, None),
+        Err(TokenizerError::InvalidVocab(_))
+    ));
     // Legacy "a b" merge strings are accepted.
     let legacy = r#"{"normalizer":{"type":"Replace","pattern":{"String":" "},"content":"▁"},"model":{"type":"BPE","unk_token":"<unk>","vocab":{"<unk>":0,"a":1,"b":2,"ab":3},"merges":["a b"]}}"#;
     let tok = Tokenizer::from_hf_json(legacy, None).unwrap();
