@@ -233,3 +233,34 @@ pub async fn shutdown_signal() {
     }
     eprintln!("hayai: shutting down");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_from_env_and_checks() {
+        // The only test in this binary that touches these variables.
+        std::env::set_var("HOST", "127.0.0.1");
+        std::env::set_var("PORT", "8123");
+        std::env::set_var("MODEL_ID", "google/gemma-3-270m-it");
+        std::env::remove_var("SERVED_MODEL_NAME");
+        let c = ServerConfig::from_env().unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 8123));
+        assert_eq!(c.model_id, "google/gemma-3-270m-it");
+        assert_eq!(c.served_model_name, "google/gemma-3-270m-it");
+        std::env::set_var("SERVED_MODEL_NAME", "gemma");
+        assert_eq!(ServerConfig::from_env().unwrap().served_model_name, "gemma");
+        std::env::set_var("PORT", "eighty");
+        assert!(ServerConfig::from_env().is_err());
+        for v in ["HOST", "PORT", "MODEL_ID", "SERVED_MODEL_NAME"] {
+            std::env::remove_var(v);
+        }
+        let bad = ServerConfig {
+            queue_capacity: 0,
+            ..Default::default()
+        };
+        assert!(bad.check().is_err());
+        assert!(ServerConfig::default().check().is_ok());
+    }
+}
