@@ -1,5 +1,5 @@
 //! The CPU reference on the real Gemma 3 270M (Q4_K_M GGUF) against llama.cpp's outputs in
-//! ../shared/reference. The model is downloaded by the test command before tests run; a missing
+//! data/reference. The model is downloaded by the test command before tests run; a missing
 //! file is a failure, not a skip.
 
 use std::path::PathBuf;
@@ -20,8 +20,8 @@ fn model_path() -> PathBuf {
     home.join("models/gemma-3-270m-q4_k_m.gguf")
 }
 
-fn shared() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data")
 }
 
 fn runner() -> CpuRunner {
@@ -56,7 +56,7 @@ fn greedy(r: &mut CpuRunner, prompt: &[u32], n: usize) -> Vec<u32> {
 #[test]
 fn greedy_agreement_with_llama_cpp() {
     let cases: Vec<Value> = serde_json::from_str(
-        &std::fs::read_to_string(shared().join("reference/gemma3-270m-greedy.json")).unwrap(),
+        &std::fs::read_to_string(data().join("reference/gemma3-270m-greedy.json")).unwrap(),
     )
     .unwrap();
     let mut r = runner();
@@ -80,7 +80,7 @@ fn greedy_agreement_with_llama_cpp() {
 #[test]
 fn apache_ppl_matches_llama_cpp() {
     let text =
-        std::fs::read_to_string(shared().join("reference/apache-2.0-ppl-records.jsonl")).unwrap();
+        std::fs::read_to_string(data().join("reference/apache-2.0-ppl-records.jsonl")).unwrap();
     let mut r = runner();
     let (mut nll, mut n) = (0.0f64, 0usize);
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
