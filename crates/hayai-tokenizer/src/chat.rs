@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use hayai_core::gguf::GgufFile;
+use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
@@ -151,6 +152,97 @@ fn strftime_now(fmt: String) -> String {
         .replace("%b", &month[..3])
 }
 
+fn json_string(s: &str, out: &mut String) {
+    // serde_json escapes exactly what Python's json.dumps(ensure_ascii=False) escapes.
+    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()));
+}
+
+/// Python `json.dumps` layout: `", "` / `": "` separators, or one item per line with `indent`.
+fn py_json(
+    v: &Value,
+    indent: Option<usize>,
+    level: usize,
+    out: &mut String,
+) -> std::result::Result<(), minijinja::Error> {
+    let newline = |out: &mut String, level: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * level));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::String => json_string(v.as_str().unwrap_or_default(), out),
+        ValueKind::Number => out.push_str(&serde_json::to_string(v).map_err(|e| {
+            minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"))
+        })?),
+        ValueKind::Map => {
+            let keys: Vec<Value> = v.try_iter()?.collect();
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                match k.as_str() {
+                    Some(s) => json_string(s, out),
+                    None => json_string(&k.to_string(), out),
+                }
+                out.push_str(": ");
+                py_json(&v.get_item(k)?, indent, level + 1, out)?;
+            }
+            newline(out, level);
+            out.push('}');
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                py_json(item, indent, level + 1, out)?;
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        _ => json_string(&v.to_string(), out),
+    }
+    Ok(())
+}
+
+/// HF's `tojson` (Python `json.dumps(..., ensure_ascii=False)`): spaced separators, no HTML escaping,
+/// map order preserved; `indent` positional or keyword.
+fn hf_tojson(
+    value: &Value,
+    indent: Option<usize>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let indent = match kwargs.get::<Option<usize>>("indent")? {
+        Some(i) => Some(i),
+        None => indent,
+    };
+    // Accepted for compatibility; output is always non-ASCII-preserving and unsorted.
+    let _: Option<Value> = kwargs.get("ensure_ascii")?;
+    let _: Option<Value> = kwargs.get("separators")?;
+    let _: Option<Value> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    py_json(value, indent, 0, &mut out)?;
+    Ok(Value::from_safe_string(out))
+}
+
 fn normalize_role(role: &str) -> Result<&'static str> {
     match role {
         "system" | "developer" => Ok("system"),
@@ -161,8 +253,8 @@ fn normalize_role(role: &str) -> Result<&'static str> {
 }
 
 impl ChatTemplate {
-    /// Compile a Jinja chat template (HF conventions: `trim_blocks`, `lstrip_blocks`, Python string
-    /// methods such as `.strip()` / `.startswith()`, `raise_exception`, `tojson`).
+    /// Compile a Jinja chat template (HF conventions: `trim_blocks`, `lstrip_blocks`, loop controls,
+    /// Python string methods such as `.strip()` / `.startswith()`, `raise_exception`, HF's `tojson`).
     pub fn new(source: &str) -> Result<Self> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
@@ -170,6 +262,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", hf_tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(template_err)?;
         Ok(ChatTemplate {

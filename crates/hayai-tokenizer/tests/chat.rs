@@ -169,3 +169,38 @@ fn hf_style_whitespace_control() {
         .unwrap();
     assert_eq!(out, "U:x\nU:y\n");
 }
+
+#[test]
+fn tojson_matches_python_json_dumps() {
+    let src = "{{ {'b': 1, 'a': [1, 'x<y', none, true, 2.5], 'é': {}} | tojson }}\n\
+               {{ messages[0] | tojson }}\n{{ messages[0] | tojson(indent=2) }}\n{{ [] | tojson(2) }}";
+    let out = ChatTemplate::new(src)
+        .unwrap()
+        .render(&[ChatMessage::user("hi \"there\"\n")], false)
+        .unwrap();
+    assert_eq!(
+        out,
+        "{\"b\": 1, \"a\": [1, \"x<y\", null, true, 2.5], \"é\": {}}\n\
+         {\"role\": \"user\", \"content\": \"hi \\\"there\\\"\\n\"}\n\
+         {\n  \"role\": \"user\",\n  \"content\": \"hi \\\"there\\\"\\n\"\n}\n[]"
+    );
+}
+
+#[test]
+fn loop_controls_and_namespaces() {
+    let src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% if m.role == 'assistant' %}{% break %}{% endif %}\
+               {% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}";
+    let out = ChatTemplate::new(src)
+        .unwrap()
+        .render(
+            &[
+                ChatMessage::user("a"),
+                ChatMessage::user("b"),
+                ChatMessage::assistant("c"),
+                ChatMessage::user("d"),
+            ],
+            false,
+        )
+        .unwrap();
+    assert_eq!(out, "2");
+}
