@@ -17,31 +17,46 @@ struct GemvParams {
     const float* norm_w;     // if set: x = rmsnorm(x) * norm_w (input norm)
     const int* gather_tok;   // if set: x = bf16 table row `*gather_tok` * gather_scale
     const uint16_t* gather_table;
+    float* out_final;        // splits > 1: the last block of a row tile sums the partials here
+    int* counters;           // splits > 1: one zeroed counter per row tile (reset after use)
     int rows, cols, splits, glu;
     int in_splits, in_ld;
     float res_scalar, eps, gather_scale;
     int int4;
 };
 
-// Builds x (length cols) in shared memory. When `scaled_store`, stores x[j] * 2^(-4 (j % 4))
-// for the int4 dequantization trick (see below).
+// Builds x (length cols, a multiple of 4) in shared memory. Loads are float4 and independent
+// across iterations so the prologue costs a few L2 round trips, not one per element. When
+// `scaled_store`, stores x[j] * 2^(-4 (j % 4)) for the int4 dequantization trick (see below).
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store) {
-    const int n = p.cols;
+    const int n4 = p.cols >> 2;
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
+    float4* x4 = (float4*)xs;
     float ss_res = 0.f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        float v;
+#pragma unroll 4
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        float4 v;
         if (p.gather_tok) {
-            v = bf16_to_f32(p.gather_table[(size_t)(*p.gather_tok) * n + j]) * p.gather_scale;
-            if (first && p.res_out) p.res_out[j] = v;
+            const uint2 b = *(const uint2*)(p.gather_table + (size_t)(*p.gather_tok) * p.cols + 4 * j);
+            const float sc = p.gather_scale;
+            v = make_float4(bf16_lo(b.x) * sc, bf16_hi(b.x) * sc, bf16_lo(b.y) * sc, bf16_hi(b.y) * sc);
+            if (first && p.res_out) ((float4*)p.res_out)[j] = v;
         } else {
-            v = 0.f;
-            for (int s = 0; s < p.in_splits; s++) v += p.in[(size_t)s * p.in_ld + j];
+            v = ((const float4*)p.in)[j];
+            for (int s = 1; s < p.in_splits; s++) {
+                const float4 u = ((const float4*)(p.in + (size_t)s * p.in_ld))[j];
+                v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+            }
         }
-        if (p.act_mult) v = gelu_tanh(v) * p.act_mult[j];
-        xs[j] = v;
-        ss_res += v * v;
+        if (p.act_mult) {
+            const float4 m = ((const float4*)p.act_mult)[j];
+            v = make_float4(gelu_tanh(v.x) * m.x, gelu_tanh(v.y) * m.y, gelu_tanh(v.z) * m.z,
+                            gelu_tanh(v.w) * m.w);
+        }
+        x4[j] = v;
+        ss_res += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
+    const int n = p.cols;
     if (p.res_in) {
         float scale = 1.f;
         if (p.res_w) {
@@ -49,26 +64,42 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             scale = rsqrtf(t / (float)n + p.eps);
         }
         __syncthreads();
-        for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            float b = xs[j];
-            if (p.res_w) b = b * scale * p.res_w[j];
-            float h = (p.res_in[j] + b) * p.res_scalar;
-            xs[j] = h;
-            if (first && p.res_out) p.res_out[j] = h;
+#pragma unroll 4
+        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+            float4 b = x4[j];
+            const float4 r = ((const float4*)p.res_in)[j];
+            if (p.res_w) {
+                const float4 w = ((const float4*)p.res_w)[j];
+                b = make_float4(b.x * scale * w.x, b.y * scale * w.y, b.z * scale * w.z, b.w * scale * w.w);
+            }
+            const float c = p.res_scalar;
+            const float4 h = make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
+            x4[j] = h;
+            if (first && p.res_out) ((float4*)p.res_out)[j] = h;
         }
     }
     if (p.norm_w) {
         float ss = 0.f;
         __syncthreads();
-        for (int j = threadIdx.x; j < n; j += blockDim.x) ss += xs[j] * xs[j];
+        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+            const float4 v = x4[j];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
         float t = block_sum(ss, red);
         float scale = rsqrtf(t / (float)n + p.eps);
-        for (int j = threadIdx.x; j < n; j += blockDim.x) xs[j] = xs[j] * scale * p.norm_w[j];
+#pragma unroll 4
+        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+            float4 v = x4[j];
+            const float4 w = ((const float4*)p.norm_w)[j];
+            x4[j] = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
+        }
     }
     if (scaled_store) {
         __syncthreads();
-        const float mul[4] = {1.f, 1.f / 16.f, 1.f / 256.f, 1.f / 4096.f};
-        for (int j = threadIdx.x; j < n; j += blockDim.x) xs[j] *= mul[j & 3];
+        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+            float4 v = x4[j];
+            x4[j] = make_float4(v.x, v.y * (1.f / 16.f), v.z * (1.f / 256.f), v.w * (1.f / 4096.f));
+        }
     }
     __syncthreads();
 }
@@ -78,17 +109,37 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
 // holds column 16*(2u + k/4) + 4l + (k%4) as q + 8 (q in -8..7). With this order the four lanes
 // of a row read x as consecutive float4s (no bank conflicts) and a nibble can be turned into a
 // float with one LOP3 + one FADD: bits 0x4B000000 | (w & (0xF << 4e)) is 2^23 + q' 16^e, exact.
-__device__ __forceinline__ float dot_word(uint32_t w, float4 xa, float4 xb, float acc) {
-    const uint32_t lo = w, hi = w >> 16;
-    acc = fmaf(__uint_as_float(0x4B000000u | (lo & 0x000Fu)) - 8388616.f, xa.x, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (lo & 0x00F0u)) - 8388736.f, xa.y, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (lo & 0x0F00u)) - 8390656.f, xa.z, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (lo & 0xF000u)) - 8421376.f, xa.w, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (hi & 0x000Fu)) - 8388616.f, xb.x, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (hi & 0x00F0u)) - 8388736.f, xb.y, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (hi & 0x0F00u)) - 8390656.f, xb.z, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (hi & 0xF000u)) - 8421376.f, xb.w, acc);
+__device__ __forceinline__ float dot_half(uint32_t w, float4 x, float acc) {
+    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0x000Fu)) - 8388616.f, x.x, acc);
+    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0x00F0u)) - 8388736.f, x.y, acc);
+    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0x0F00u)) - 8390656.f, x.z, acc);
+    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0xF000u)) - 8421376.f, x.w, acc);
     return acc;
+}
+
+__device__ __forceinline__ float dot_group_int4(uint4 w, const float4* xg) {
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    a0 = dot_half(w.x, xg[0], a0);
+    a1 = dot_half(w.x >> 16, xg[4], a1);
+    a2 = dot_half(w.y, xg[8], a2);
+    a3 = dot_half(w.y >> 16, xg[12], a3);
+    a0 = dot_half(w.z, xg[16], a0);
+    a1 = dot_half(w.z >> 16, xg[20], a1);
+    a2 = dot_half(w.w, xg[24], a2);
+    a3 = dot_half(w.w >> 16, xg[28], a3);
+    return (a0 + a1) + (a2 + a3);
+}
+
+__device__ __forceinline__ float dot_chunk_bf16(uint4 w, const float4* xc) {
+    const float4 a = xc[0], b = xc[1];
+    float s0 = bf16_lo(w.x) * a.x, s1 = bf16_hi(w.x) * a.y;
+    s0 = fmaf(bf16_lo(w.y), a.z, s0);
+    s1 = fmaf(bf16_hi(w.y), a.w, s1);
+    s0 = fmaf(bf16_lo(w.z), b.x, s0);
+    s1 = fmaf(bf16_hi(w.z), b.y, s1);
+    s0 = fmaf(bf16_lo(w.w), b.z, s0);
+    s1 = fmaf(bf16_hi(w.w), b.w, s1);
+    return s0 + s1;
 }
 
 #define GEMV_THREADS 256
@@ -98,70 +149,61 @@ __device__ __forceinline__ float dot_word(uint32_t w, float4 xa, float4 xb, floa
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
-    gemv_prologue(p, xs, red, p.int4 != 0);
+    __shared__ int last;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int quad = lane >> 2, l = lane & 3;
     const int row = blockIdx.x * GEMV_ROWS_PER_BLOCK + warp * 8 + quad;
     const bool valid = row < p.rows;
     const int s = blockIdx.y;
+    // Units are 128-column groups (int4) or 32-column chunks (bf16); each is one 16-byte load
+    // per lane. The first batch of weights is requested before the prologue so its memory
+    // latency overlaps the prologue's work.
+    const int units = p.int4 ? (p.cols >> 7) : (p.cols >> 5);
+    const int per = (units + p.splits - 1) / p.splits;
+    const int u0 = s * per, u1 = min(units, u0 + per);
+    const uint4* wrow = p.int4
+        ? (const uint4*)((const uint8_t*)p.w + (size_t)(valid ? row : 0) * (p.cols >> 1)) + l
+        : (const uint4*)((const uint16_t*)p.w + (size_t)(valid ? row : 0) * p.cols) + l;
+    const uint16_t* srow = p.scales + (size_t)(valid ? row : 0) * (p.cols >> 7);
+    uint4 wv[GEMV_UNROLL];
+    float sc[GEMV_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++) {
+        if (valid && u0 + u < u1) {
+            wv[u] = ld_stream(wrow + (size_t)(u0 + u) * 4);
+            sc[u] = p.int4 ? bf16_to_f32(srow[u0 + u]) : 1.f;
+        }
+    }
+
+    gemv_prologue(p, xs, red, p.int4 != 0);
+
     float acc = 0.f;
-    if (p.int4) {
-        const int groups = p.cols >> 7;
-        const int per = (groups + p.splits - 1) / p.splits;
-        const int g0 = s * per, g1 = min(groups, g0 + per);
-        if (valid) {
-            const uint4* wrow = (const uint4*)((const uint8_t*)p.w + (size_t)row * (p.cols >> 1)) + l;
-            const uint16_t* srow = p.scales + (size_t)row * groups;
-            for (int g = g0; g < g1; g += GEMV_UNROLL) {
-                uint4 wv[GEMV_UNROLL];
-                float sc[GEMV_UNROLL];
+    if (valid) {
+        for (int g = u0; g < u1; g += GEMV_UNROLL) {
+            uint4 cw[GEMV_UNROLL];
+            float cs[GEMV_UNROLL];
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++) {
-                    if (g + u < g1) {
-                        wv[u] = ld_stream(wrow + (size_t)(g + u) * 4);
-                        sc[u] = bf16_to_f32(srow[g + u]);
-                    }
-                }
+            for (int u = 0; u < GEMV_UNROLL; u++) {
+                cw[u] = wv[u];
+                cs[u] = sc[u];
+            }
+            // Prefetch the next batch while this one is multiplied.
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++) {
-                    if (g + u < g1) {
-                        const float4* xg = (const float4*)(xs + (g + u) * 128 + 4 * l);
-                        float a = 0.f;
-                        a = dot_word(wv[u].x, xg[0], xg[4], a);
-                        a = dot_word(wv[u].y, xg[8], xg[12], a);
-                        a = dot_word(wv[u].z, xg[16], xg[20], a);
-                        a = dot_word(wv[u].w, xg[24], xg[28], a);
-                        acc = fmaf(a, sc[u], acc);
-                    }
+            for (int u = 0; u < GEMV_UNROLL; u++) {
+                const int gn = g + GEMV_UNROLL + u;
+                if (gn < u1) {
+                    wv[u] = ld_stream(wrow + (size_t)gn * 4);
+                    sc[u] = p.int4 ? bf16_to_f32(srow[gn]) : 1.f;
                 }
             }
-        }
-    } else {
-        // bf16: lane l reads 8 columns at chunk*32 + 8l.
-        const int chunks = p.cols >> 5;
-        const int per = (chunks + p.splits - 1) / p.splits;
-        const int c0 = s * per, c1 = min(chunks, c0 + per);
-        if (valid) {
-            const uint4* wrow = (const uint4*)((const uint16_t*)p.w + (size_t)row * p.cols) + l;
-            for (int c = c0; c < c1; c += GEMV_UNROLL) {
-                uint4 wv[GEMV_UNROLL];
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++)
-                    if (c + u < c1) wv[u] = ld_stream(wrow + (size_t)(c + u) * 4);
-#pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++) {
-                    if (c + u < c1) {
-                        const float4* xc = (const float4*)(xs + (c + u) * 32 + 8 * l);
-                        float4 a = xc[0], b = xc[1];
-                        acc = fmaf(bf16_lo(wv[u].x), a.x, acc);
-                        acc = fmaf(bf16_hi(wv[u].x), a.y, acc);
-                        acc = fmaf(bf16_lo(wv[u].y), a.z, acc);
-                        acc = fmaf(bf16_hi(wv[u].y), a.w, acc);
-                        acc = fmaf(bf16_lo(wv[u].z), b.x, acc);
-                        acc = fmaf(bf16_hi(wv[u].z), b.y, acc);
-                        acc = fmaf(bf16_lo(wv[u].w), b.z, acc);
-                        acc = fmaf(bf16_hi(wv[u].w), b.w, acc);
+            for (int u = 0; u < GEMV_UNROLL; u++) {
+                if (g + u < u1) {
+                    if (p.int4) {
+                        acc = fmaf(dot_group_int4(cw[u], (const float4*)(xs + (g + u) * 128 + 4 * l)), cs[u], acc);
+                    } else {
+                        acc += dot_chunk_bf16(cw[u], (const float4*)(xs + (g + u) * 32 + 8 * l));
                     }
                 }
             }
@@ -173,7 +215,26 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
         // Rows are interleaved gate/up pairs: row 2i is gate i, row 2i+1 is up i.
         const float up = __shfl_xor_sync(HAYAI_FULL_MASK, acc, 4);
         if (valid && l == 0 && (quad & 1) == 0) p.out[row >> 1] = gelu_tanh(acc) * up;
-    } else if (valid && l == 0) {
-        p.out[(size_t)s * p.rows + row] = acc;
+        return;
     }
+    if (valid && l == 0) p.out[(size_t)s * p.rows + row] = acc;
+    if (p.splits == 1) return;
+    // Split-K: the last block of this row tile adds the partials in split order (deterministic)
+    // so consumers read one vector.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int prev = atomicAdd(p.counters + blockIdx.x, 1);
+        last = prev == p.splits - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int r = blockIdx.x * GEMV_ROWS_PER_BLOCK + threadIdx.x;
+    if (threadIdx.x < GEMV_ROWS_PER_BLOCK && r < p.rows) {
+        float t = 0.f;
+        for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
+        p.out_final[r] = t;
+    }
+    if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }

@@ -89,6 +89,8 @@ struct GemvParams {
     norm_w: u64,
     gather_tok: u64,
     gather_table: u64,
+    out_final: u64,
+    counters: u64,
     rows: i32,
     cols: i32,
     splits: i32,
@@ -342,6 +344,13 @@ struct DevLayer {
 struct Scratch {
     h: [DevBuf; 2],
     qkv_part: DevBuf,
+    qkv_fin: DevBuf,
+    o_fin: DevBuf,
+    down_fin: DevBuf,
+    pg_fin: DevBuf,
+    pp_fin: DevBuf,
+    plp_fin: DevBuf,
+    counters: DevBuf,
     q: DevBuf,
     attn_ml: DevBuf,
     attn_acc: DevBuf,
@@ -363,6 +372,8 @@ struct Scratch {
 const GEMV_ROWS_PER_BLOCK: usize = 64;
 const MAX_SPLITS: usize = 16;
 const ARGMAX_BLOCKS: usize = 256;
+/// Must match `ATTN_MAX_SPLITS` in attention.cu.
+const ATTN_MAX_SPLITS: usize = 128;
 
 pub struct CudaRunner {
     // Field order matters for drop: the graph and buffers go before the context.
@@ -478,7 +489,7 @@ impl CudaRunner {
                 inv_freq: gpu.upload(&ls.rope.inv_freq(ls.head_dim))?,
                 kv,
                 cap,
-                attn_splits: max_keys.div_ceil(64).clamp(1, 32),
+                attn_splits: max_keys.div_ceil(32).clamp(1, ATTN_MAX_SPLITS),
             });
         }
         let embed_bits = to_bf16_bits(&w.embed);
@@ -531,6 +542,13 @@ impl CudaRunner {
         let scratch = Scratch {
             h: [gpu.alloc(h * f)?, gpu.alloc(h * f)?],
             qkv_part: gpu.alloc(MAX_SPLITS * max_qkv * f)?,
+            qkv_fin: gpu.alloc(max_qkv * f)?,
+            o_fin: gpu.alloc(h * f)?,
+            down_fin: gpu.alloc(h * f)?,
+            pg_fin: gpu.alloc(ple_d.max(1) * f)?,
+            pp_fin: gpu.alloc(h * f)?,
+            plp_fin: gpu.alloc(ple_w.max(1) * f)?,
+            counters: gpu.alloc(spec.vocab.max(max_qkv).div_ceil(GEMV_ROWS_PER_BLOCK) * 4 + 64)?,
             q: gpu.alloc(max_q * f)?,
             attn_ml: gpu.alloc(max_attn * 2 * f)?,
             attn_acc: gpu.alloc(max_attn * max_hd * f)?,
@@ -600,10 +618,12 @@ impl CudaRunner {
         &self,
         label: &'static str,
         m: &DevMat,
-        out: u64,
+        (out, fin): (u64, u64),
         splits: usize,
         mut p: GemvParams,
-    ) -> Launch {
+    ) -> (Launch, u64) {
+        p.out_final = fin;
+        p.counters = self.scratch.counters.ptr();
         p.w = m.w;
         p.scales = m.scales;
         p.out = out;
@@ -620,7 +640,9 @@ impl CudaRunner {
             splits as u32,
             1,
         );
-        Launch::new(&self.gpu, label, "gemv", grid, 256, (m.cols * 4) as u32, &p)
+        let l = Launch::new(&self.gpu, label, "gemv", grid, 256, (m.cols * 4) as u32, &p);
+        // Split launches leave the finished vector in `fin`, unsplit ones in `out`.
+        (l, if splits > 1 { fin } else { out })
     }
 
     fn mat_splits(&self, m: &DevMat, sm: usize) -> usize {
@@ -652,15 +674,22 @@ impl CudaRunner {
             (&self.ple_model, &self.ple_table, &self.ple_norm, &spec.ple)
         {
             let sp = self.mat_splits(pm, sm);
-            plan.push(self.gemv("gemv.ple_model", pm, s.plp_part.ptr(), sp, gather));
+            let (l, ctx) = self.gemv(
+                "gemv.ple_model",
+                pm,
+                (s.plp_part.ptr(), s.plp_fin.ptr()),
+                sp,
+                gather,
+            );
+            plan.push(l);
             first_input_gathered = true;
             let p = PleParams {
                 tok: tok_ptr,
                 table: table.ptr(),
-                ctx: s.plp_part.ptr(),
+                ctx,
                 norm_w: pn.ptr(),
                 out: s.ple_out.ptr(),
-                splits: sp as i32,
+                splits: 1,
                 ld: pm.rows as i32,
                 dim: ps.dim as i32,
                 tok_scale: (ps.dim as f32).sqrt(),
@@ -709,7 +738,14 @@ impl CudaRunner {
                 }
             }
             let sq = self.mat_splits(&dl.qkv, sm);
-            plan.push(self.gemv("gemv.qkv", &dl.qkv, s.qkv_part.ptr(), sq, p));
+            let (l, qkv) = self.gemv(
+                "gemv.qkv",
+                &dl.qkv,
+                (s.qkv_part.ptr(), s.qkv_fin.ptr()),
+                sq,
+                p,
+            );
+            plan.push(l);
 
             let src = &self.layers[ls.kv_source];
             let (kc, vc) = src
@@ -721,7 +757,7 @@ impl CudaRunner {
                 })?;
             let own = ls.owns_kv(i);
             let rp = RopeParams {
-                qkv: s.qkv_part.ptr(),
+                qkv,
                 q_out: s.q.ptr(),
                 k_cache: if own { kc } else { 0 },
                 v_cache: if own { vc } else { 0 },
@@ -729,7 +765,7 @@ impl CudaRunner {
                 k_norm: dl.k_norm.as_ref().map_or(0, |b| b.ptr()),
                 inv_freq: dl.inv_freq.ptr(),
                 pos: pos_ptr,
-                splits: sq as i32,
+                splits: 1,
                 ld: dl.qkv.rows as i32,
                 nh: ls.n_heads as i32,
                 nkv: ls.n_kv_heads as i32,
@@ -795,11 +831,12 @@ impl CudaRunner {
                 in_ld: 0,
                 ..Default::default()
             };
-            plan.push(self.gemv("gemv.o", &dl.o, s.o_part.ptr(), so, p));
+            let (l, o) = self.gemv("gemv.o", &dl.o, (s.o_part.ptr(), s.o_fin.ptr()), so, p);
+            plan.push(l);
 
             let p = GemvParams {
-                input: s.o_part.ptr(),
-                in_splits: so as i32,
+                input: o,
+                in_splits: 1,
                 in_ld: h as i32,
                 res_in: s.h[cur].ptr(),
                 res_out: s.h[cur ^ 1].ptr(),
@@ -809,23 +846,31 @@ impl CudaRunner {
                 ..Default::default()
             };
             cur ^= 1;
-            plan.push(self.gemv("gemv.gate_up", &dl.gateup, s.ffn_act.ptr(), 1, p));
+            let (l, act) = self.gemv("gemv.gate_up", &dl.gateup, (s.ffn_act.ptr(), 0), 1, p);
+            plan.push(l);
 
             let sd = self.mat_splits(&dl.down, sm);
             let p = GemvParams {
-                input: s.ffn_act.ptr(),
+                input: act,
                 in_splits: 1,
                 ..Default::default()
             };
-            plan.push(self.gemv("gemv.down", &dl.down, s.down_part.ptr(), sd, p));
+            let (l, down) = self.gemv(
+                "gemv.down",
+                &dl.down,
+                (s.down_part.ptr(), s.down_fin.ptr()),
+                sd,
+                p,
+            );
+            plan.push(l);
             let scalar = self.model.weights.layers[i].layer_scalar;
 
             match (&dl.ple_gate, &dl.ple_proj, &dl.ple_post, &spec.ple) {
                 (Some(pg), Some(pp), Some(post), Some(ps)) => {
                     let sg = self.mat_splits(pg, sm);
                     let p = GemvParams {
-                        input: s.down_part.ptr(),
-                        in_splits: sd as i32,
+                        input: down,
+                        in_splits: 1,
                         in_ld: h as i32,
                         res_in: s.h[cur].ptr(),
                         res_out: s.h[cur ^ 1].ptr(),
@@ -833,19 +878,33 @@ impl CudaRunner {
                         ..Default::default()
                     };
                     cur ^= 1;
-                    plan.push(self.gemv("gemv.ple_gate", pg, s.pg_part.ptr(), sg, p));
+                    let (l, gate) = self.gemv(
+                        "gemv.ple_gate",
+                        pg,
+                        (s.pg_part.ptr(), s.pg_fin.ptr()),
+                        sg,
+                        p,
+                    );
+                    plan.push(l);
                     let spp = self.mat_splits(pp, sm);
                     let p = GemvParams {
-                        input: s.pg_part.ptr(),
-                        in_splits: sg as i32,
+                        input: gate,
+                        in_splits: 1,
                         in_ld: ps.dim as i32,
                         act_mult: s.ple_out.at::<f32>(i * ps.dim),
                         ..Default::default()
                     };
-                    plan.push(self.gemv("gemv.ple_proj", pp, s.pp_part.ptr(), spp, p));
-                    pending = Some((s.pp_part.ptr(), spp, post.ptr(), scalar));
+                    let (l, proj) = self.gemv(
+                        "gemv.ple_proj",
+                        pp,
+                        (s.pp_part.ptr(), s.pp_fin.ptr()),
+                        spp,
+                        p,
+                    );
+                    plan.push(l);
+                    pending = Some((proj, 1, post.ptr(), scalar));
                 }
-                _ => pending = Some((s.down_part.ptr(), sd, dl.post_ffn.ptr(), scalar)),
+                _ => pending = Some((down, 1, dl.post_ffn.ptr(), scalar)),
             }
         }
 
@@ -861,7 +920,8 @@ impl CudaRunner {
             norm_w: self.final_norm.ptr(),
             ..Default::default()
         };
-        plan.push(self.gemv("gemv.lm_head", &self.lm_head, s.logits.ptr(), 1, p));
+        let (l, _) = self.gemv("gemv.lm_head", &self.lm_head, (s.logits.ptr(), 0), 1, p);
+        plan.push(l);
         let ap = ArgmaxParams {
             logits: s.logits.ptr(),
             blk_val: s.blk_val.ptr(),
@@ -1080,7 +1140,7 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels() {
-        assert_eq!(std::mem::size_of::<GemvParams>(), 128);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 144);
         assert_eq!(std::mem::size_of::<RopeParams>(), 96);
         assert_eq!(std::mem::size_of::<AttnParams>(), 88);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
