@@ -129,6 +129,17 @@ impl Tokenizer {
     }
 }
 
+impl Tokenizer {
+    /// A GGUF file, or an HF checkpoint directory holding `tokenizer.json`.
+    pub fn from_model_path(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            Self::from_hf_dir(path)
+        } else {
+            Self::from_gguf_path(path)
+        }
+    }
+}
+
 /// The chat template stored in a GGUF file, if any.
 pub fn gguf_chat_template(file: &GgufFile) -> Option<String> {
     file.get_str(GGUF_CHAT_TEMPLATE_KEY).map(str::to_string)

@@ -270,6 +270,8 @@ fn chat_template_from_model_path() {
         w
     };
     w(Some("T:{{ messages[0].content }}")).write(&with).unwrap();
+    let tok = Tokenizer::from_model_path(&with).unwrap();
+    assert_eq!(tok.turn_end_id(), Some(106));
     let t = ChatTemplate::from_model_path(&with, ChatFamily::Gemma3).unwrap();
     assert_eq!(t.render(&[ChatMessage::user("x")], true).unwrap(), "T:x");
     // GGUF without one: the fallback family.

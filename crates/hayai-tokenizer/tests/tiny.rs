@@ -376,6 +376,10 @@ fn hf_dir_loading_and_template() {
     )
     .unwrap();
     let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    assert_eq!(
+        Tokenizer::from_model_path(dir.path()).unwrap().vocab_size(),
+        tok.vocab_size()
+    );
     let src = hf_chat_template(dir.path()).unwrap().unwrap();
     let t = ChatTemplate::for_model(Some(&src), &tok).unwrap();
     let s = t.render(&[ChatMessage::user(" hello ")], true).unwrap();
