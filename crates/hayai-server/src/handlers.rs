@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -143,20 +143,35 @@ pub async fn count_requests(State(st): State<AppState>, req: Request, next: Next
     resp
 }
 
-pub async fn models(State(st): State<AppState>) -> Json<Value> {
+fn model_card(st: &AppState) -> Value {
     let cfg = &st.inner.cfg;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": cfg.served_model_name,
-            "object": "model",
-            "created": st.inner.created,
-            "owned_by": "hayai",
-            "root": cfg.model_id,
-            "parent": null,
-            "max_model_len": st.inner.info.max_context,
-        }]
-    }))
+    json!({
+        "id": cfg.served_model_name,
+        "object": "model",
+        "created": st.inner.created,
+        "owned_by": "hayai",
+        "root": cfg.model_id,
+        "parent": null,
+        "max_model_len": st.inner.info.max_context,
+    })
+}
+
+pub async fn models(State(st): State<AppState>) -> Json<Value> {
+    Json(json!({ "object": "list", "data": [model_card(&st)] }))
+}
+
+/// `GET /v1/models/{model}` (the `openai` client's `models.retrieve`).
+pub async fn model(State(st): State<AppState>, Path(name): Path<String>) -> Response {
+    let cfg = &st.inner.cfg;
+    if name == cfg.served_model_name || name == cfg.model_id {
+        Json(model_card(&st)).into_response()
+    } else {
+        ApiError::model_not_found(&name).into_response()
+    }
+}
+
+pub async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
 }
 
 pub async fn health(State(st): State<AppState>) -> Json<Value> {

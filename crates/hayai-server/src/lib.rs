@@ -144,6 +144,8 @@ pub fn router(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
     Router::new()
         .route("/v1/models", get(handlers::models))
+        .route("/v1/models/{*model}", get(handlers::model))
+        .route("/version", get(handlers::version))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .route("/v1/completions", post(handlers::completions))

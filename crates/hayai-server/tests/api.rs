@@ -151,6 +151,23 @@ async fn models_health_and_metrics() {
     assert_eq!(v["data"][0]["root"], "/models/toy");
     assert_eq!(v["data"][0]["max_model_len"], CTX);
 
+    // models.retrieve, by served name or by id (which may contain slashes).
+    for name in ["toy", "models/toy"] {
+        let (s, body) = get(&t.app, &format!("/v1/models/{name}")).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if name == "toy" {
+            assert_eq!(s, StatusCode::OK);
+            assert_eq!(v["id"], "toy");
+        } else {
+            assert_error(s, &v, StatusCode::NOT_FOUND);
+        }
+    }
+    let (s, body) = get(&t.app, "/v1/models//models/toy").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let (s, body) = get(&t.app, "/version").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(body.contains("version"));
+
     let (s, body) = get(&t.app, "/health").await;
     assert_eq!(s, StatusCode::OK);
     assert!(body.contains("\"ok\""));
