@@ -891,7 +891,7 @@ impl<T: Borrow<Tokenizer>> StreamDecoder<T> {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    // SAFETY-free: from_utf8 just validated this prefix.
+                    // Already validated by the from_utf8 call above.
                     out.push_str(
                         std::str::from_utf8(&self.pending[pos..pos + valid]).unwrap_or_default(),
                     );
