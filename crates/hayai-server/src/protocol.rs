@@ -20,6 +20,14 @@ pub enum StopField {
     Many(Vec<String>),
 }
 
+/// `seed`: any 64-bit integer, signed or not.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Seed {
+    Signed(i64),
+    Unsigned(u64),
+}
+
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
     #[serde(default)]
@@ -34,7 +42,7 @@ pub struct CommonFields {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,
-    pub seed: Option<i64>,
+    pub seed: Option<Seed>,
     pub stop: Option<StopField>,
     pub stop_token_ids: Option<Vec<i64>>,
     pub ignore_eos: Option<bool>,
@@ -290,8 +298,11 @@ fn build(
         temperature: temperature as f32,
         top_k,
         top_p: top_p as f32,
-        // Negative seeds are accepted and reinterpreted, as any 64-bit pattern is a valid seed.
-        seed: c.seed.map(|s| s as u64),
+        // Negative seeds are reinterpreted: any 64-bit pattern is a valid seed.
+        seed: c.seed.as_ref().map(|s| match *s {
+            Seed::Signed(v) => v as u64,
+            Seed::Unsigned(v) => v,
+        }),
     };
     sampling
         .validate()

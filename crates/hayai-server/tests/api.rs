@@ -567,6 +567,22 @@ async fn seeded_sampling_is_reproducible() {
     let (_, b) = post(&t.app, "/v1/completions", body).await;
     assert_eq!(a["choices"][0]["token_ids"], b["choices"][0]["token_ids"]);
     assert_eq!(a["usage"]["completion_tokens"], 20);
+    for seed in [json!(-1), json!(u64::MAX)] {
+        let (s, _) = post(
+            &t.app,
+            "/v1/completions",
+            json!({"prompt": "a", "max_tokens": 2, "seed": seed}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let (s, _) = post(
+        &t.app,
+        "/v1/completions",
+        json!({"prompt": "a", "max_tokens": 2, "seed": 1.5}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
