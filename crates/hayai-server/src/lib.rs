@@ -44,8 +44,8 @@ pub struct ServerConfig {
     pub model_id: String,
     /// Requests that may wait behind the one being generated; more are answered 503.
     pub queue_capacity: usize,
-    /// Cap on chat `max_tokens` when the request omits it (`None`: the remaining context).
-    /// Completions default to 16 tokens, as OpenAI's legacy API does.
+    /// Cap on the default `max_tokens` when a request omits it. Without it chat requests get the
+    /// remaining context and completions 16 tokens (OpenAI's legacy default).
     pub max_tokens_default: Option<usize>,
     /// Largest accepted request body; larger ones are answered 413.
     pub max_body_bytes: usize,
@@ -203,7 +203,13 @@ pub async fn serve(
 
 /// Blocking form of [`serve`]: builds a multi-threaded tokio runtime and runs it.
 pub fn run(engine: Engine, text: Arc<dyn TextModel>, cfg: ServerConfig) -> anyhow::Result<()> {
+    // The HTTP side is light; a few workers leave the cores to the engine thread.
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(1, 4);
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .context("building the tokio runtime")?;

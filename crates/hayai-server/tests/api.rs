@@ -1065,3 +1065,44 @@ async fn real_socket_disconnect_cancels_a_non_streaming_request() {
     stop_tx.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn max_tokens_defaults() {
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let prompt_len = encode("<bos><turn>user:hi\n<turn>assistant:", false).len();
+    // Chat: the remaining context.
+    let t = toy();
+    let (s, v) = post(
+        &t.app,
+        "/v1/chat/completions",
+        json!({"messages": messages, "ignore_eos": true, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], CTX - prompt_len);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // Completions: 16, as OpenAI's legacy API.
+    let (_, v) = post(
+        &t.app,
+        "/v1/completions",
+        json!({"prompt": "ab", "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+    // A configured cap applies to both.
+    let t = toy_with(|c| c.max_tokens_default = Some(10));
+    let (_, v) = post(
+        &t.app,
+        "/v1/chat/completions",
+        json!({"messages": messages, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(v["usage"]["completion_tokens"], 10);
+    let (_, v) = post(
+        &t.app,
+        "/v1/completions",
+        json!({"prompt": "ab", "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(v["usage"]["completion_tokens"], 10);
+}
