@@ -1,0 +1,497 @@
+//! Commands that run the model in-process: tokenize, generate, ppl, inspect, info, synth,
+//! bench-engine.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use hayai_engine::{Engine, GenRequest, LogprobEntry, SamplingParams};
+use hayai_model::cpu::CpuRunner;
+use hayai_model::load::load_model;
+use hayai_model::{Model, Rows, Runner};
+use hayai_tokenizer::Tokenizer;
+use serde_json::json;
+
+use crate::fetch;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    Auto,
+    Cuda,
+    Cpu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Quant {
+    /// The checkpoint's own weights (dequantized to f32 on the CPU, bf16 on the GPU).
+    Native,
+    Bf16,
+    /// int4 group-128, symmetric, bf16 scales (RTN at load).
+    Int4,
+}
+
+/// Model selection shared by every in-process command.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A .gguf file, an HF model directory, or `gemma-3-270m` (the default, downloaded once).
+    #[arg(long, env = "HAYAI_MODEL")]
+    pub model: Option<String>,
+    /// Where to run.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: Device,
+    /// Weight format on the device.
+    #[arg(long, value_enum, default_value = "native")]
+    pub quant: Quant,
+}
+
+pub struct Loaded {
+    pub path: PathBuf,
+    pub model: Arc<Model>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+}
+
+/// The tokenizer shipped with a model: GGUF metadata, or tokenizer.json in a directory.
+/// `Ok(None)` when a directory has no tokenizer files (id-based commands still work).
+pub fn load_tokenizer(path: &Path) -> Result<Option<Tokenizer>> {
+    if path.is_dir() {
+        if !path.join("tokenizer.json").exists() {
+            return Ok(None);
+        }
+        return Ok(Some(Tokenizer::from_hf_dir(path).with_context(|| {
+            format!("loading the tokenizer of {}", path.display())
+        })?));
+    }
+    let gguf = hayai_core::GgufFile::open(path)?;
+    Ok(Some(Tokenizer::from_gguf(&gguf).with_context(|| {
+        format!("loading the tokenizer of {}", path.display())
+    })?))
+}
+
+fn require_tokenizer(l: &Loaded) -> Result<&Arc<Tokenizer>> {
+    l.tokenizer.as_ref().with_context(|| {
+        format!(
+            "{} has no tokenizer files; use token ids (--prompt-ids) instead",
+            l.path.display()
+        )
+    })
+}
+
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let path = fetch::resolve_model(args.model.as_deref())?;
+    let t0 = Instant::now();
+    let model = load_model(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = load_tokenizer(&path)?.map(Arc::new);
+    tracing_note(&format!(
+        "loaded {} ({}, {} layers, vocab {}) in {:.1}s",
+        path.display(),
+        model.spec.arch.name(),
+        model.spec.n_layers(),
+        model.spec.vocab,
+        t0.elapsed().as_secs_f64()
+    ));
+    Ok(Loaded {
+        path,
+        model: Arc::new(model),
+        tokenizer,
+    })
+}
+
+fn tracing_note(msg: &str) {
+    if std::env::var_os("HAYAI_QUIET").is_none() {
+        eprintln!("{msg}");
+    }
+}
+
+/// Build the runner for the requested device and weight format.
+pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    let want_cuda = match args.device {
+        Device::Cpu => false,
+        Device::Cuda => true,
+        Device::Auto => crate::setup::gpu_available(),
+    };
+    if want_cuda {
+        return crate::setup::cuda_runner(l, args.quant);
+    }
+    let model = match args.quant {
+        Quant::Native => l.model.clone(),
+        Quant::Bf16 => Arc::new(crate::setup::round_model_bf16(&l.model)),
+        Quant::Int4 => Arc::new(crate::setup::quantize_model_int4(&l.model)),
+    };
+    Ok(Box::new(CpuRunner::new(model)?))
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Args)]
+pub struct FetchArgs {
+    /// Re-hash a cached file.
+    #[arg(long)]
+    verify: bool,
+}
+
+pub fn fetch_model(a: FetchArgs) -> Result<ExitCode> {
+    let p = fetch::ensure_default_model(a.verify)?;
+    println!("{}", p.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct InfoArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn info(a: InfoArgs) -> Result<ExitCode> {
+    let v = crate::setup::build_info();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for (k, val) in v.as_object().unwrap() {
+            println!("{k}: {val}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    #[arg(long, env = "HAYAI_MODEL")]
+    model: Option<String>,
+    /// Also list every tensor.
+    #[arg(long)]
+    tensors: bool,
+}
+
+pub fn inspect(a: InspectArgs) -> Result<ExitCode> {
+    let path = fetch::resolve_model(a.model.as_deref())?;
+    if path.is_file() {
+        let g = hayai_core::GgufFile::open(&path)?;
+        println!("GGUF v{} {}", g.version(), path.display());
+        for (k, v) in g.metadata() {
+            let s = format!("{v:?}");
+            let s = if s.len() > 120 {
+                format!("{}… ({} chars)", &s[..120], s.len())
+            } else {
+                s
+            };
+            println!("  {k} = {s}");
+        }
+        println!("  {} tensors", g.tensors().len());
+        if a.tensors {
+            for t in g.tensors() {
+                println!("  {} {:?} {:?}", t.name, t.ggml_type, t.shape());
+            }
+        }
+    }
+    let m = load_model(&path)?;
+    let s = &m.spec;
+    println!(
+        "model: {} hidden {} layers {} vocab {} window {} max_context {}",
+        s.arch.name(),
+        s.hidden,
+        s.n_layers(),
+        s.vocab,
+        s.sliding_window,
+        s.max_context
+    );
+    for (i, l) in s.layers.iter().enumerate() {
+        println!(
+            "  layer {i:2}: {} head_dim {} heads {}/{} ff {} rope θ={} pairs {} kv_source {}",
+            if l.sliding { "sliding" } else { "full   " },
+            l.head_dim,
+            l.n_heads,
+            l.n_kv_heads,
+            l.intermediate,
+            l.rope.theta,
+            l.rope.rotary_pairs,
+            l.kv_source
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    #[arg(long, env = "HAYAI_MODEL")]
+    model: Option<String>,
+    /// Do not prepend BOS.
+    #[arg(long)]
+    no_bos: bool,
+    /// Print `{"ids": [...]}`.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn tokenize(a: TokenizeArgs) -> Result<ExitCode> {
+    let path = fetch::resolve_model(a.model.as_deref())?;
+    let tok = load_tokenizer(&path)?
+        .with_context(|| format!("{} has no tokenizer files", path.display()))?;
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("reading text from stdin (must be UTF-8)")?;
+    let ids = tok.encode(&text, !a.no_bos);
+    if a.json {
+        println!("{}", json!({ "ids": ids }));
+    } else {
+        for id in &ids {
+            println!("{id}\t{:?}", tok.id_to_token(*id).unwrap_or("?"));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct TokenizerCheckArgs {
+    #[arg(long, env = "HAYAI_MODEL")]
+    model: Option<String>,
+    /// Challenge-format records (context_token_ids + target_token_ids).
+    #[arg(long)]
+    records: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn tokenizer_check(a: TokenizerCheckArgs) -> Result<ExitCode> {
+    let path = fetch::resolve_model(a.model.as_deref())?;
+    let tok = load_tokenizer(&path)?
+        .with_context(|| format!("{} has no tokenizer files", path.display()))?;
+    let records = hayai_bench::ppl::load_records(&a.records)?;
+    let seqs: Vec<Vec<u32>> = records
+        .iter()
+        .map(|r| {
+            let mut v = r.context_token_ids.clone();
+            v.extend_from_slice(&r.target_token_ids);
+            v
+        })
+        .collect();
+    let rep = hayai_tokenizer::roundtrip_report(&tok, &seqs)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+    } else {
+        println!("{rep}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text (tokenized with BOS; special-token strings are parsed).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids (used as is).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Wrap the prompt in the model's chat template as one user turn.
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep going past end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print `{"ids": [...], "text": ...}`.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
+    let l = load(&a.model)?;
+    let prompt: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
+        (Some(text), None) => {
+            let tok = require_tokenizer(&l)?;
+            if a.chat {
+                let rendered = crate::setup::render_user_turn(&l, tok, text)?;
+                tok.encode(&rendered, false)
+            } else {
+                tok.encode(text, true)
+            }
+        }
+        (None, Some(ids)) => ids.clone(),
+        _ => bail!("give exactly one of --prompt or --prompt-ids"),
+    };
+    let runner = make_runner(&l, &a.model)?;
+    let mut engine = Engine::new(runner);
+    let req = GenRequest {
+        prompt,
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+        },
+        stop_token_ids: Vec::new(),
+        ignore_eos: a.ignore_eos,
+        prompt_logprobs: None,
+        logprobs: None,
+    };
+    let t0 = Instant::now();
+    let out = engine.generate(&req, &mut |_| hayai_engine::Flow::Continue)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let text = match &l.tokenizer {
+        Some(t) => Some(t.decode(&out.tokens, false)?),
+        None => None,
+    };
+    if a.json {
+        println!("{}", json!({ "ids": out.tokens, "text": text }));
+    } else {
+        println!("{}", text.unwrap_or_else(|| format!("{:?}", out.tokens)));
+    }
+    let n = out.tokens.len();
+    tracing_note(&format!(
+        "{n} tokens, prefill {:.3}s, decode {:.1} tok/s, total {secs:.2}s, finish {:?}",
+        out.timings.prefill.as_secs_f64(),
+        if n > 1 {
+            (n - 1) as f64 / out.timings.decode.as_secs_f64().max(1e-9)
+        } else {
+            0.0
+        },
+        out.finish
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct PplArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Challenge-format records (JSONL: id, context_token_ids, target_token_ids).
+    #[arg(long)]
+    records: PathBuf,
+    /// Score against an OpenAI-compatible endpoint instead of in-process.
+    #[arg(long)]
+    base_url: Option<String>,
+    /// Served model name (endpoint mode; default: the first one the server lists).
+    #[arg(long)]
+    served_model: Option<String>,
+    /// Where endpoint mode writes ppl_summary.json and per-record results.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Score only the first N records.
+    #[arg(long)]
+    limit: Option<usize>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn ppl(a: PplArgs) -> Result<ExitCode> {
+    if let Some(url) = &a.base_url {
+        return crate::remote::ppl_endpoint(
+            url,
+            a.served_model.clone(),
+            &a.records,
+            a.output_dir.clone(),
+            a.limit,
+            a.json,
+        );
+    }
+    let mut records = hayai_bench::ppl::load_records(&a.records)?;
+    if let Some(n) = a.limit {
+        records.truncate(n);
+    }
+    let l = load(&a.model)?;
+    let mut runner = make_runner(&l, &a.model)?;
+    let vocab = runner.info().vocab_size;
+    let mut acc = hayai_bench::ppl::PplAccumulator::default();
+    let t0 = Instant::now();
+    let mut n_tokens = 0usize;
+    for r in &records {
+        let mut seq = r.context_token_ids.clone();
+        seq.extend_from_slice(&r.target_token_ids);
+        if let Some(&bad) = seq.iter().find(|&&t| t as usize >= vocab) {
+            bail!(
+                "record {}: token id {bad} is out of range (vocabulary has {vocab} entries)",
+                r.id
+            );
+        }
+        let first_target = r.context_token_ids.len();
+        let mut lps = Vec::with_capacity(r.target_token_ids.len());
+        runner.truncate(0);
+        runner
+            .forward(&seq, Rows::All, &mut |i, logits| {
+                if i + 1 >= first_target && i + 1 < seq.len() {
+                    lps.push(LogprobEntry::from_logits(logits, seq[i + 1], 0).logprob as f64);
+                }
+            })
+            .with_context(|| format!("record {}", r.id))?;
+        n_tokens += seq.len();
+        acc.add(&r.id, &lps)?;
+    }
+    let s = acc.summary();
+    let secs = t0.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "ppl": s.ppl,
+                "tokens": s.num_tokens,
+                "records": s.num_records,
+                "mean_record_ppl": s.mean_record_ppl,
+                "seconds": secs,
+            })
+        );
+    } else {
+        println!(
+            "ppl {:.4} over {} target tokens in {} records (mean record ppl {:.4}); {:.1}s, {:.0} tok/s",
+            s.ppl,
+            s.num_tokens,
+            s.num_records,
+            s.mean_record_ppl,
+            secs,
+            n_tokens as f64 / secs
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Shape preset (tiny, e2b, e4b, e4b-assistant, ...).
+    #[arg(long)]
+    preset: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long)]
+    out: PathBuf,
+    /// Weight dtype of the written safetensors.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+}
+
+pub fn synth(a: SynthArgs) -> Result<ExitCode> {
+    crate::setup::synth(&a.preset, a.seed, &a.out, &a.dtype)?;
+    println!("{}", a.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct BenchEngineArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    gen: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
+    crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json)
+}
