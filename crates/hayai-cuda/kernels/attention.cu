@@ -1,12 +1,15 @@
 // Split-KV decode attention for one query token: grid (splits, heads); each block runs an
-// online softmax over its slice of the visible keys and writes (max, sum, weighted V); a
-// combine kernel merges the slices. Sliding layers read a ring of `cap` slots (slot = pos %
+// online softmax over its slice of the visible keys and writes (max, sum, weighted V); the
+// last block of a head merges the slices. The same kernel applies the per-head q/k RMSNorm,
+// RoPE (default and proportional: pairs with inv_freq = 0 pass through) and the weightless v
+// norm, and appends the new K/V (slot = pos % cap: a ring buffer for sliding layers). Sliding layers read a ring of `cap` slots (slot = pos %
 // cap); KV-shared layers simply pass their donor's cache. Head dims that are multiples of 128 up
 // to 512.
 #include "common.cuh"
 
 struct AttnParams {
     const float* q;        // [nh][hd]
+    int* counters;         // [nh] zeroed; the last split block of a head combines
     const float* k_cache;  // [nkv][cap][hd]
     const float* v_cache;
     float* part_ml;        // [nh][splits][2]
@@ -15,16 +18,67 @@ struct AttnParams {
     const int* pos;
     int nh, nkv, hd, cap, window, splits;
     float scale, softcap;
+    // Fused q/k norm + RoPE + KV append (when qkv is set): the block derives its query head
+    // from the QKV projection, and the block holding the newest key derives k and v too.
+    const float* qkv;      // q (nh*hd) | k (nkv*hd) | v (nkv*hd)
+    const float* q_norm;
+    const float* k_norm;   // null: weightless
+    const float* inv_freq; // [hd/2]
+    int own_kv, v_norm;
+    float eps;
 };
+
+// RMSNorm (optional weight) + optional RoPE of one head from `src` into shared `dst`.
+__device__ void norm_rope_head(const float* src, float* dst, const float* w, const float* inv_freq,
+                               int hd, int pos, bool norm, float eps, float* red) {
+    const int half = hd >> 1;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const float v = src[i];
+        dst[i] = v;
+        ss += v * v;
+    }
+    const float tot = block_sum(ss, red);
+    const float r = norm ? rsqrtf(tot / (float)hd + eps) : 1.f;
+    __syncthreads();
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = dst[i], c = dst[i + half];
+        if (norm) {
+            a *= r;
+            c *= r;
+            if (w) {
+                a *= w[i];
+                c *= w[i + half];
+            }
+        }
+        if (inv_freq) {
+            float sn, cs;
+            sincosf((float)pos * inv_freq[i], &sn, &cs);
+            const float a2 = a * cs - c * sn;
+            c = c * cs + a * sn;
+            a = a2;
+        }
+        dst[i] = a;
+        dst[i + half] = c;
+    }
+    __syncthreads();
+}
 
 #define ATTN_THREADS 128
 #define ATTN_TILE 32
+#define ATTN_MAX_SPLITS 128
+
+__device__ void attn_combine_head(const AttnParams& p, int h);
 
 // Loads of a tile are issued together (keys unrolled by 4 in the q.k phase, by 8 in the
 // p.V phase) so a block waits for a few memory round trips, not one per key.
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnParams p) {
     __shared__ float sc[ATTN_TILE];
     __shared__ int slot_s[ATTN_TILE];
+    __shared__ __align__(16) float qs[512];
+    __shared__ __align__(16) float ks[512];
+    __shared__ __align__(16) float vs[512];
+    __shared__ float red[32];
     __shared__ float tile_m, tile_corr, tile_sum;
     const int s = blockIdx.x, h = blockIdx.y;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -38,10 +92,31 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     const float* K = p.k_cache + (size_t)g * p.cap * p.hd;
     const float* V = p.v_cache + (size_t)g * p.cap * p.hd;
 
+    // Does this block hold the newest key, computed here rather than read from the cache?
+    const bool fresh = p.qkv && p.own_kv && k1 == n_keys && k0 < k1;
+    const float* qsrc = p.q + (size_t)h * p.hd;
+    if (p.qkv) {
+        norm_rope_head(p.qkv + (size_t)h * p.hd, qs, p.q_norm, p.inv_freq, p.hd, pos, true, p.eps, red);
+        qsrc = qs;
+        if (fresh) {
+            const float* kv0 = p.qkv + (size_t)p.nh * p.hd;
+            norm_rope_head(kv0 + (size_t)g * p.hd, ks, p.k_norm, p.inv_freq, p.hd, pos, true, p.eps, red);
+            norm_rope_head(kv0 + (size_t)(p.nkv + g) * p.hd, vs, nullptr, nullptr, p.hd, pos,
+                           p.v_norm != 0, p.eps, red);
+            // One block per KV head stores the new entry; the others use their own copy.
+            if (h % (p.nh / p.nkv) == 0) {
+                const size_t base = (size_t)(pos % p.cap) * p.hd;
+                for (int i = t; i < p.hd; i += ATTN_THREADS) {
+                    ((float*)K)[base + i] = ks[i];
+                    ((float*)V)[base + i] = vs[i];
+                }
+            }
+        }
+    }
     float4 qv[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        if (i < nv) qv[i] = *(const float4*)(p.q + (size_t)h * p.hd + 4 * lane + 128 * i);
+        if (i < nv) qv[i] = *(const float4*)(qsrc + 4 * lane + 128 * i);
 
     float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int t0 = k0; t0 < k1; t0 += ATTN_TILE) {
@@ -54,8 +129,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const int j = warp * 8 + jj + u;
-                slots[u] = (first + t0 + min(j, nt - 1)) % p.cap;
-                const float* kr = K + (size_t)slots[u] * p.hd + 4 * lane;
+                const int kp = first + t0 + min(j, nt - 1);
+                slots[u] = kp % p.cap;
+                const float* kr = (fresh && kp == pos ? ks : K + (size_t)slots[u] * p.hd) + 4 * lane;
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     if (i < nv && j < nt) kk[u][i] = *(const float4*)(kr + 128 * i);
@@ -77,7 +153,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
                 if (p.softcap > 0.f) d = p.softcap * tanhf(d / p.softcap);
                 if (lane == 0 && j < nt) {
                     sc[j] = d;
-                    slot_s[j] = slots[u];
+                    // -1 marks the fresh key, read from shared memory in the p.V phase.
+                    slot_s[j] = fresh && first + t0 + j == pos ? -1 : slots[u];
                 }
             }
         }
@@ -105,7 +182,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
             float vv[8][4];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                const float* vr = V + (size_t)slot_s[min(j0 + u, nt - 1)] * p.hd + t;
+                const int sl = slot_s[min(j0 + u, nt - 1)];
+                const float* vr = (sl < 0 ? vs : V + (size_t)sl * p.hd) + t;
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     if (d < nv) vv[u][d] = vr[128 * d];
@@ -128,27 +206,37 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
 #pragma unroll
     for (int d = 0; d < 4; d++)
         if (d < nv) p.part_acc[pi * p.hd + t + 128 * d] = acc[d];
+    if (p.counters == nullptr) return;
+    // The last block of this head to finish merges the splits (no separate launch).
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (t == 0) is_last = atomicAdd(p.counters + h, 1) == p.splits - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    attn_combine_head(p, h);
+    if (t == 0) p.counters[h] = 0;
 }
 
-#define ATTN_MAX_SPLITS 128
 
-// grid: nh blocks of 128 threads. Split weights are computed once into shared memory, then
-// every thread adds its dims over the splits with independent loads.
-extern "C" __global__ void attn_combine(const AttnParams p) {
+// Merge the splits of head h (128 threads). Split weights are computed once into shared
+// memory, then every thread adds its dims over the splits with independent loads.
+__device__ void attn_combine_head(const AttnParams& p, int h) {
     __shared__ float wsh[ATTN_MAX_SPLITS];
     __shared__ float inv_l;
-    const int h = blockIdx.x, t = threadIdx.x, nv = p.hd >> 7;
+    const int t = threadIdx.x, nv = p.hd >> 7;
     if (t < 32) {
         float mx = -INFINITY;
-        for (int s = t; s < p.splits; s += 32) mx = fmaxf(mx, p.part_ml[2 * ((size_t)h * p.splits + s)]);
+        for (int s = t; s < p.splits; s += 32) mx = fmaxf(mx, __ldcg(p.part_ml + 2 * ((size_t)h * p.splits + s)));
         mx = warp_max(mx);
         float L = 0.f;
         for (int s = t; s < p.splits; s += 32) {
             const size_t pi = (size_t)h * p.splits + s;
-            const float ms = p.part_ml[2 * pi];
+            const float ms = __ldcg(p.part_ml + 2 * pi);
             const float e = ms == -INFINITY ? 0.f : expf(ms - mx);
             wsh[s] = e;
-            L = fmaf(p.part_ml[2 * pi + 1], e, L);
+            L = fmaf(__ldcg(p.part_ml + 2 * pi + 1), e, L);
         }
         L = warp_sum(L);
         if (t == 0) inv_l = 1.f / L;
@@ -161,10 +249,11 @@ extern "C" __global__ void attn_combine(const AttnParams p) {
         const float* a = p.part_acc + ((size_t)h * p.splits + s) * p.hd + t;
 #pragma unroll
         for (int d = 0; d < 4; d++)
-            if (d < nv) acc[d] = fmaf(a[128 * d], e, acc[d]);
+            if (d < nv) acc[d] = fmaf(__ldcg(a + 128 * d), e, acc[d]);
     }
     const float inv = inv_l;
 #pragma unroll
     for (int d = 0; d < 4; d++)
         if (d < nv) p.out[(size_t)h * p.hd + t + 128 * d] = acc[d] * inv;
 }
+

@@ -54,9 +54,7 @@ pub(crate) struct Gpu {
 
 pub(crate) const KERNELS: &[&str] = &[
     "gemv",
-    "qk_norm_rope",
     "attn_split",
-    "attn_combine",
     "argmax_stage1",
     "argmax_stage2",
     "ple_combine",

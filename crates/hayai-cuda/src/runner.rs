@@ -105,29 +105,9 @@ struct GemvParams {
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct RopeParams {
-    qkv: u64,
-    q_out: u64,
-    k_cache: u64,
-    v_cache: u64,
-    q_norm: u64,
-    k_norm: u64,
-    inv_freq: u64,
-    pos: u64,
-    splits: i32,
-    ld: i32,
-    nh: i32,
-    nkv: i32,
-    hd: i32,
-    cap: i32,
-    v_norm: i32,
-    eps: f32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
 struct AttnParams {
     q: u64,
+    counters: u64,
     k_cache: u64,
     v_cache: u64,
     part_ml: u64,
@@ -142,6 +122,13 @@ struct AttnParams {
     splits: i32,
     scale: f32,
     softcap: f32,
+    qkv: u64,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
+    own_kv: i32,
+    v_norm: i32,
+    eps: f32,
 }
 
 #[repr(C)]
@@ -351,6 +338,8 @@ struct Scratch {
     pp_fin: DevBuf,
     plp_fin: DevBuf,
     counters: DevBuf,
+    attn_counters: DevBuf,
+    gu_part: DevBuf,
     q: DevBuf,
     attn_ml: DevBuf,
     attn_acc: DevBuf,
@@ -402,10 +391,12 @@ pub struct CudaRunner {
 // one thread at a time (`&mut self`) and binds the context to the calling thread first.
 unsafe impl Send for CudaRunner {}
 
+/// Split-K factor: enough warps to fill the GPU, and at most one batch of 16-byte loads per
+/// lane (8 units) so no warp waits for memory twice; never under 2 units per split.
 fn splits_for(rows: usize, units: usize, sm_count: usize) -> usize {
     let warps = rows.div_ceil(8).max(1);
-    let want = (sm_count * 16).div_ceil(warps);
-    want.clamp(1, MAX_SPLITS).min((units / 4).max(1))
+    let want = (sm_count * 16).div_ceil(warps).max(units.div_ceil(8));
+    want.clamp(1, MAX_SPLITS).min((units / 2).max(1))
 }
 
 impl CudaRunner {
@@ -548,6 +539,9 @@ impl CudaRunner {
             pg_fin: gpu.alloc(ple_d.max(1) * f)?,
             pp_fin: gpu.alloc(h * f)?,
             plp_fin: gpu.alloc(ple_w.max(1) * f)?,
+            attn_counters: gpu
+                .alloc(spec.layers.iter().map(|l| l.n_heads).max().unwrap_or(1) * 4)?,
+            gu_part: gpu.alloc(MAX_SPLITS * 2 * max_im * f)?,
             counters: gpu.alloc(spec.vocab.max(max_qkv).div_ceil(GEMV_ROWS_PER_BLOCK) * 4 + 64)?,
             q: gpu.alloc(max_q * f)?,
             attn_ml: gpu.alloc(max_attn * 2 * f)?,
@@ -756,36 +750,9 @@ impl CudaRunner {
                     CudaError::Unsupported(format!("layer {i}: KV donor owns no cache"))
                 })?;
             let own = ls.owns_kv(i);
-            let rp = RopeParams {
-                qkv,
-                q_out: s.q.ptr(),
-                k_cache: if own { kc } else { 0 },
-                v_cache: if own { vc } else { 0 },
-                q_norm: dl.q_norm.ptr(),
-                k_norm: dl.k_norm.as_ref().map_or(0, |b| b.ptr()),
-                inv_freq: dl.inv_freq.ptr(),
-                pos: pos_ptr,
-                splits: 1,
-                ld: dl.qkv.rows as i32,
-                nh: ls.n_heads as i32,
-                nkv: ls.n_kv_heads as i32,
-                hd: ls.head_dim as i32,
-                cap: src.cap as i32,
-                v_norm: spec.v_norm as i32,
-                eps: spec.rms_eps,
-            };
-            let blocks = ls.n_heads + if own { 2 * ls.n_kv_heads } else { 0 };
-            plan.push(Launch::new(
-                &self.gpu,
-                "qk_norm_rope",
-                "qk_norm_rope",
-                (blocks as u32, 1, 1),
-                (ls.head_dim / 2) as u32,
-                0,
-                &rp,
-            ));
             let ap = AttnParams {
                 q: s.q.ptr(),
+                counters: s.attn_counters.ptr(),
                 k_cache: kc,
                 v_cache: vc,
                 part_ml: s.attn_ml.ptr(),
@@ -804,21 +771,19 @@ impl CudaRunner {
                 splits: dl.attn_splits as i32,
                 scale: spec.attn_scale,
                 softcap: spec.attn_softcap.unwrap_or(0.0),
+                qkv,
+                q_norm: dl.q_norm.ptr(),
+                k_norm: dl.k_norm.as_ref().map_or(0, |b| b.ptr()),
+                inv_freq: dl.inv_freq.ptr(),
+                own_kv: own as i32,
+                v_norm: spec.v_norm as i32,
+                eps: spec.rms_eps,
             };
             plan.push(Launch::new(
                 &self.gpu,
-                "attn_split",
+                "attention",
                 "attn_split",
                 (dl.attn_splits as u32, ls.n_heads as u32, 1),
-                128,
-                0,
-                &ap,
-            ));
-            plan.push(Launch::new(
-                &self.gpu,
-                "attn_combine",
-                "attn_combine",
-                (ls.n_heads as u32, 1, 1),
                 128,
                 0,
                 &ap,
@@ -846,7 +811,14 @@ impl CudaRunner {
                 ..Default::default()
             };
             cur ^= 1;
-            let (l, act) = self.gemv("gemv.gate_up", &dl.gateup, (s.ffn_act.ptr(), 0), 1, p);
+            let sgu = self.mat_splits(&dl.gateup, sm);
+            let (l, act) = self.gemv(
+                "gemv.gate_up",
+                &dl.gateup,
+                (s.gu_part.ptr(), s.ffn_act.ptr()),
+                sgu,
+                p,
+            );
             plan.push(l);
 
             let sd = self.mat_splits(&dl.down, sm);
@@ -1141,8 +1113,7 @@ mod tests {
     #[test]
     fn param_structs_match_the_kernels() {
         assert_eq!(std::mem::size_of::<GemvParams>(), 144);
-        assert_eq!(std::mem::size_of::<RopeParams>(), 96);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 88);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 144);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);
     }
@@ -1153,7 +1124,7 @@ mod tests {
         let s = splits_for(2560, 80, 132);
         assert!((4..=16).contains(&s));
         // lm_head-like: plenty of rows, no split.
-        assert_eq!(splits_for(262_144, 20, 132), 1);
+        assert_eq!(splits_for(262_144, 20, 132), 3);
         // Narrow input: never below 4 groups per slice.
         assert_eq!(splits_for(2560, 2, 132), 1);
     }
