@@ -4,7 +4,7 @@ split of every token into two pieces, ranked by the merged token's score), then 
 reference texts and the decoded perplexity records with HF's BPE.
 
     pip install gguf tokenizers
-    python3 hf_crosscheck.py MODEL.gguf SHARED_DIR [OUT_IDS.json]
+    python3 hf_crosscheck.py MODEL.gguf DATA_DIR [OUT_IDS.json]    # DATA_DIR: the repository's data/
 
 Prints agreement with the reference ids; OUT_IDS.json (optional) receives [[record id, ids], ...] for
 comparison with this crate's output.
@@ -15,7 +15,7 @@ import sys
 from gguf import GGUFReader
 from tokenizers import Tokenizer
 
-gguf_path, shared = sys.argv[1], sys.argv[2]
+gguf_path, data = sys.argv[1], sys.argv[2]
 r = GGUFReader(gguf_path)
 toks = r.fields["tokenizer.ggml.tokens"].contents()
 scores = r.fields["tokenizer.ggml.scores"].contents()
@@ -55,12 +55,12 @@ def detok(ids):
     return out.decode("utf-8", "replace")
 
 
-ref = json.load(open(f"{shared}/reference/gemma3-270m-tokenize.json"))
+ref = json.load(open(f"{data}/reference/gemma3-270m-tokenize.json"))
 ok = sum(tk.encode(c["text"], add_special_tokens=False).ids == c["ids"] for c in ref)
 print(f"reference texts: {ok}/{len(ref)} identical to llama.cpp")
 
 same, out = 0, []
-for line in open(f"{shared}/data/ppl_ground_truth_tokens.jsonl"):
+for line in open(f"{data}/challenge/ppl_ground_truth_tokens.jsonl"):
     rec = json.loads(line)
     ids = rec["context_token_ids"] + rec["target_token_ids"]
     got = tk.encode(detok(ids), add_special_tokens=False).ids

@@ -1,8 +1,8 @@
 //! The tokenizer of the real Gemma 3 270M GGUF against llama.cpp's reference ids.
 //!
-//! Needs the model file (env `HAYAI_MODEL_GGUF`, default
-//! /root/.cache/hayai/models/gemma-3-270m-q4_k_m.gguf) and the shared reference data (env
-//! `HAYAI_SHARED_DIR`, default `shared/` beside the repository). Either missing is a test failure.
+//! Needs the model file (env `HAYAI_MODEL_GGUF`, else `$HAYAI_HOME/models/gemma-3-270m-q4_k_m.gguf`,
+//! `HAYAI_HOME` defaulting to ~/.cache/hayai); the reference data lives in the repository's `data/`.
+//! A missing file is a test failure.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -16,35 +16,35 @@ use hayai_tokenizer::{
 use serde_json::{json, Value};
 
 fn gguf_path() -> PathBuf {
-    let p = std::env::var_os("HAYAI_MODEL_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/root/.cache/hayai/models/gemma-3-270m-q4_k_m.gguf".into());
+    let p = match std::env::var_os("HAYAI_MODEL_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("HAYAI_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
+                    .join(".cache/hayai")
+            })
+            .join("models/gemma-3-270m-q4_k_m.gguf"),
+    };
     assert!(
         p.is_file(),
-        "Gemma 3 270M GGUF not found at {} (set HAYAI_MODEL_GGUF or download it first)",
+        "Gemma 3 270M GGUF not found at {} (set HAYAI_MODEL_GGUF or run `hayai fetch-model` first)",
         p.display()
     );
     p
 }
 
-fn shared_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os("HAYAI_SHARED_DIR") {
-        return p.into();
-    }
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    for cand in [repo.join("../shared"), repo.join("shared")] {
-        if cand.join("reference").is_dir() {
-            return cand;
-        }
-    }
-    panic!(
-        "shared data directory not found beside {} (set HAYAI_SHARED_DIR)",
-        repo.display()
-    );
+/// A file under the repository's `data/` (`reference/...` or `challenge/...`).
+fn data_file(rel: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data")
+        .join(rel);
+    assert!(p.is_file(), "{} not found", p.display());
+    p
 }
 
 fn read_json(rel: &str) -> Value {
-    let p = shared_dir().join(rel);
+    let p = data_file(rel);
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).unwrap()
 }
@@ -174,7 +174,7 @@ fn specials_and_byte_fallback_on_real_vocab() {
 /// `▁und`+`eca`, and `<`,`b`,`>` typed out where the text `<b>` is a user-defined token).
 #[test]
 fn ppl_records_roundtrip() {
-    let records = load_ppl_records(&shared_dir().join("data/ppl_ground_truth_tokens.jsonl"))
+    let records = load_ppl_records(&data_file("challenge/ppl_ground_truth_tokens.jsonl"))
         .expect("ppl records");
     assert_eq!(records.len(), 128);
     let t0 = Instant::now();
@@ -198,7 +198,7 @@ fn load_and_encode_speed() {
     // Generous bounds: the machine is shared; typical numbers are reported in docs/tokenizer.md.
     assert!(build < Duration::from_secs(3), "build took {build:?}");
 
-    let prompts = read_json("data/eval_prompts_sharegpt.json");
+    let prompts = read_json("challenge/eval_prompts_sharegpt.json");
     let mut text = String::new();
     for p in prompts.as_array().unwrap() {
         text.push_str(p["conversations"][0]["value"].as_str().unwrap());
@@ -337,8 +337,7 @@ fn gguf_scores_and_equivalent_tokenizer_json_agree() {
         texts.push(c["prompt"].as_str().unwrap().to_string());
         texts.push(c["greedy_text"].as_str().unwrap().to_string());
     }
-    let records =
-        load_ppl_records(&shared_dir().join("data/ppl_ground_truth_tokens.jsonl")).unwrap();
+    let records = load_ppl_records(&data_file("challenge/ppl_ground_truth_tokens.jsonl")).unwrap();
     for r in &records {
         texts.push(t.decode(&r.all_ids(), false).unwrap());
     }
