@@ -267,9 +267,9 @@ fn norm(name: String, n: usize) -> TensorPlan {
 }
 
 /// q/k norm weights: with attention scale 1.0 a score is a sum of `hd` products of normed
-/// entries, so weights of ~(2/sqrt(hd))^0.5 keep score std near 2.
+/// entries, so weights of ~(1/sqrt(hd))^0.5 keep score std near 1.
 fn qk_norm(name: String, hd: usize) -> TensorPlan {
-    let c = (2.0 / (hd as f32).sqrt()).sqrt();
+    let c = (1.0 / (hd as f32).sqrt()).sqrt();
     TensorPlan {
         name,
         shape: vec![hd],
@@ -278,19 +278,46 @@ fn qk_norm(name: String, hd: usize) -> TensorPlan {
 }
 
 /// Final norm: its weight is the logit standard deviation (tied head, unit-rms embeddings).
-fn final_norm(name: String, n: usize) -> TensorPlan {
+/// `embed_rms` is the rms of the (tied) embedding rows times sqrt(hidden); the weight is scaled
+/// so logits keep a standard deviation of 2.5..4.5 whatever the embedding size.
+fn final_norm(name: String, n: usize, embed_rms: f32) -> TensorPlan {
     TensorPlan {
         name,
         shape: vec![n],
-        init: Init::Uniform(2.5, 4.5),
+        init: Init::Uniform(2.5 / embed_rms, 4.5 / embed_rms),
     }
 }
 
+/// RMS of a target's scaled token embedding. With a tied head, the input token's own direction
+/// surviving in the residual stream gives its logit a bonus of about
+/// `sqrt(hidden) * (embedding share of the stream)`; a random model with unit-rms embeddings
+/// would mostly predict its input token again. 4/sqrt(hidden) keeps that bonus near one logit
+/// standard deviation (checked against transformers: no echoing, stable under bf16).
+fn embed_rms(hidden: usize) -> f32 {
+    4.0 / (hidden as f32).sqrt()
+}
+
+/// `layer_scalar` near 1 and small branch norms (below) keep the residual stream
+/// accumulating across layers as in trained models; with strong branches and a shrinking
+/// residual a 42-layer random model is chaotic (bf16 rounding flips most greedy tokens).
 fn scalar(name: String) -> TensorPlan {
     TensorPlan {
         name,
         shape: vec![1],
-        init: Init::Uniform(0.5, 1.0),
+        init: Init::Uniform(0.9, 1.0),
+    }
+}
+
+/// Norm applied to a branch output before it joins the residual stream. Its scale is set so
+/// the 3 branches of all `layers` together outweigh the (unit-rms) token embedding about
+/// twofold: enough that the model does not merely echo its input token, small enough that
+/// deep models stay stable (0.1..0.3 at 42 layers).
+fn branch_norm(name: String, n: usize, layers: usize) -> TensorPlan {
+    let c = 2.0 / (3.0 * layers as f32).sqrt();
+    TensorPlan {
+        name,
+        shape: vec![n],
+        init: Init::Uniform(0.5 * c, 1.5 * c),
     }
 }
 
@@ -345,7 +372,7 @@ fn target_tensors(s: &TargetShape) -> Vec<TensorPlan> {
         TensorPlan {
             name: format!("{p}embed_tokens.weight"),
             shape: vec![s.vocab, h],
-            init: Init::Std(1.0 / (h as f32).sqrt()),
+            init: Init::Std(embed_rms(h) / (h as f32).sqrt()),
         },
         TensorPlan {
             name: format!("{p}embed_tokens_per_layer.weight"),
@@ -358,7 +385,7 @@ fn target_tensors(s: &TargetShape) -> Vec<TensorPlan> {
             h,
         ),
         norm(format!("{p}per_layer_projection_norm.weight"), s.ple_dim),
-        final_norm(format!("{p}norm.weight"), h),
+        final_norm(format!("{p}norm.weight"), h, embed_rms(h)),
     ];
     for (i, ty) in types.iter().enumerate() {
         let l = |n: &str| format!("{p}layers.{i}.{n}");
@@ -381,15 +408,27 @@ fn target_tensors(s: &TargetShape) -> Vec<TensorPlan> {
             t.push(qk_norm(l("self_attn.k_norm.weight"), hd));
         }
         t.push(lin(l("self_attn.o_proj.weight"), h, s.heads * hd));
-        t.push(norm(l("post_attention_layernorm.weight"), h));
+        t.push(branch_norm(
+            l("post_attention_layernorm.weight"),
+            h,
+            s.layers,
+        ));
         t.push(norm(l("pre_feedforward_layernorm.weight"), h));
         t.push(lin(l("mlp.gate_proj.weight"), im, h));
         t.push(lin(l("mlp.up_proj.weight"), im, h));
         t.push(lin(l("mlp.down_proj.weight"), h, im));
-        t.push(norm(l("post_feedforward_layernorm.weight"), h));
+        t.push(branch_norm(
+            l("post_feedforward_layernorm.weight"),
+            h,
+            s.layers,
+        ));
         t.push(lin(l("per_layer_input_gate.weight"), s.ple_dim, h));
         t.push(lin(l("per_layer_projection.weight"), h, s.ple_dim));
-        t.push(norm(l("post_per_layer_input_norm.weight"), h));
+        t.push(branch_norm(
+            l("post_per_layer_input_norm.weight"),
+            h,
+            s.layers,
+        ));
         t.push(scalar(l("layer_scalar")));
     }
     t
@@ -443,7 +482,7 @@ fn assistant_tensors(s: &TargetShape, a: &AssistantShape) -> Vec<TensorPlan> {
             shape: vec![s.vocab, h],
             init: Init::Std(1.0 / (h as f32).sqrt()),
         },
-        final_norm("model.norm.weight".into(), h),
+        final_norm("model.norm.weight".into(), h, 1.0),
         lin("pre_projection.weight".into(), h, 2 * s.hidden),
         lin("post_projection.weight".into(), s.hidden, h),
         lin("masked_embedding.centroids.weight".into(), a.centroids, h),
@@ -464,12 +503,12 @@ fn assistant_tensors(s: &TargetShape, a: &AssistantShape) -> Vec<TensorPlan> {
         t.push(lin(l("self_attn.q_proj.weight"), a.heads * hd, h));
         t.push(qk_norm(l("self_attn.q_norm.weight"), hd));
         t.push(lin(l("self_attn.o_proj.weight"), h, a.heads * hd));
-        t.push(norm(l("post_attention_layernorm.weight"), h));
+        t.push(branch_norm(l("post_attention_layernorm.weight"), h, 4));
         t.push(norm(l("pre_feedforward_layernorm.weight"), h));
         t.push(lin(l("mlp.gate_proj.weight"), a.intermediate, h));
         t.push(lin(l("mlp.up_proj.weight"), a.intermediate, h));
         t.push(lin(l("mlp.down_proj.weight"), h, a.intermediate));
-        t.push(norm(l("post_feedforward_layernorm.weight"), h));
+        t.push(branch_norm(l("post_feedforward_layernorm.weight"), h, 4));
         t.push(scalar(l("layer_scalar")));
     }
     t
