@@ -62,11 +62,14 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     let runner = local::make_runner(&l, &a.model)?;
     eprintln!("backend: {}", runner.info().backend);
     let engine = Engine::new(runner);
-    let default_name = l
-        .path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "hayai".into());
+    // The name clients send: SERVED_MODEL_NAME / --served-model-name, else MODEL_ID (the
+    // harness's convention), else the model's file name.
+    let default_name = std::env::var("MODEL_ID").ok().unwrap_or_else(|| {
+        l.path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "hayai".into())
+    });
     let cfg = ServerConfig {
         host: a.host,
         port: a.port,

@@ -28,9 +28,7 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model, ModelError> {
         .to_string();
     let st = SafeTensors::open(dir)?;
     if model_type.starts_with("gemma4") || text_type.starts_with("gemma4") {
-        return Err(ModelError::Unsupported(
-            "Gemma 4 HF loading is not wired yet".into(),
-        ));
+        return crate::gemma4::load_hf(&cfg, &st);
     }
     match model_type.as_str() {
         "gemma3" | "gemma3_text" => load_gemma3(&cfg, &st),
