@@ -260,7 +260,8 @@ pub fn tokenizer_check(a: TokenizerCheckArgs) -> Result<ExitCode> {
     let path = fetch::resolve_model(a.model.as_deref())?;
     let tok = load_tokenizer(&path)?
         .with_context(|| format!("{} has no tokenizer files", path.display()))?;
-    let records = hayai_bench::ppl::load_records(&a.records)?;
+    let records = hayai_bench::ppl::load_records(&a.records)
+        .with_context(|| format!("reading records from {}", a.records.display()))?;
     let seqs: Vec<Vec<u32>> = records
         .iter()
         .map(|r| {
@@ -401,7 +402,8 @@ pub fn ppl(a: PplArgs) -> Result<ExitCode> {
             a.json,
         );
     }
-    let mut records = hayai_bench::ppl::load_records(&a.records)?;
+    let mut records = hayai_bench::ppl::load_records(&a.records)
+        .with_context(|| format!("reading PPL records from {}", a.records.display()))?;
     if let Some(n) = a.limit {
         records.truncate(n);
     }
