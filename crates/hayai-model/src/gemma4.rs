@@ -9,7 +9,8 @@
 
 use hayai_core::config::HfConfig;
 use hayai_core::safetensors::{DType, SafeTensors};
-use serde_json::Value;
+use hayai_core::{GgufFile, MetaArray, MetaValue};
+use serde_json::{json, Value};
 
 use crate::spec::{Arch, LayerSpec, ModelSpec, PleSpec, RopeSpec};
 use crate::weights::{GlobalPle, LayerPle, LayerWeights, Matrix, Model, ModelWeights};
@@ -724,4 +725,262 @@ pub fn load_weights(
         ple,
         layers,
     })
+}
+
+/// Per-layer integer metadata that llama.cpp writes either as one value or as an array.
+fn gguf_per_layer(
+    f: &GgufFile,
+    key: &str,
+    n: usize,
+    default: Option<usize>,
+) -> Result<Vec<usize>, ModelError> {
+    match f.get(key) {
+        Some(MetaValue::Array(a)) => {
+            let v = a
+                .to_i64_vec()
+                .ok_or_else(|| ModelError::Config(format!("GGUF `{key}`: expected integers")))?;
+            if v.len() != n || v.iter().any(|&x| x <= 0) {
+                return Err(ModelError::Config(format!(
+                    "GGUF `{key}`: expected {n} positive values"
+                )));
+            }
+            Ok(v.into_iter().map(|x| x as usize).collect())
+        }
+        Some(m) => {
+            let x = m.as_u64().filter(|&x| x > 0).ok_or_else(|| {
+                ModelError::Config(format!("GGUF `{key}`: expected a positive integer"))
+            })?;
+            Ok(vec![x as usize; n])
+        }
+        None => default
+            .map(|d| vec![d; n])
+            .ok_or_else(|| ModelError::Config(format!("GGUF: missing `{key}`"))),
+    }
+}
+
+fn gguf_f32(f: &GgufFile, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    if f.tensor(name).is_none() {
+        return Err(ModelError::MissingTensor(name.to_string()));
+    }
+    let (got, data) = f.tensor_f32(name)?;
+    let numel = |s: &[usize]| s.iter().product::<usize>();
+    let ok = if shape.len() == 1 {
+        numel(&got) == shape[0]
+    } else {
+        got == shape
+    };
+    if !ok {
+        return Err(ModelError::Shape {
+            name: name.to_string(),
+            got,
+            want: shape.to_vec(),
+        });
+    }
+    Ok(data)
+}
+
+fn gguf_matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+    Ok(Matrix::from_f32(
+        rows,
+        cols,
+        gguf_f32(f, name, &[rows, cols])?,
+    ))
+}
+
+/// Load a Gemma 4 text decoder from a GGUF in llama.cpp's `gemma4` layout (`blk.N.*` tensors,
+/// `gemma4.*` metadata; norms stored as plain multipliers, proportional RoPE expressed as a
+/// `rope_freqs` factor tensor). Quantized tensors are dequantized to f32.
+pub fn load_gguf(f: &GgufFile) -> Result<Model, ModelError> {
+    let arch = f.architecture().unwrap_or("");
+    if arch != "gemma4" {
+        return Err(ModelError::Unsupported(format!(
+            "GGUF architecture `{arch}` is not gemma4"
+        )));
+    }
+    let key = |k: &str| format!("gemma4.{k}");
+    let req = |k: &str| -> Result<usize, ModelError> { Ok(f.require_u64(&key(k))? as usize) };
+    let n = req("block_count")?;
+    let hidden = req("embedding_length")?;
+    let heads = gguf_per_layer(f, &key("attention.head_count"), n, None)?;
+    let kv_heads = gguf_per_layer(f, &key("attention.head_count_kv"), n, Some(heads[0]))?;
+    let ff = gguf_per_layer(f, &key("feed_forward_length"), n, None)?;
+    let hd_full = f
+        .get_u64(&key("attention.key_length"))
+        .map(|x| x as usize)
+        .unwrap_or(hidden / heads[0]);
+    let hd_swa = f
+        .get_u64(&key("attention.key_length_swa"))
+        .map(|x| x as usize)
+        .unwrap_or(hd_full);
+    let sliding: Vec<bool> = match f.get(&key("attention.sliding_window_pattern")) {
+        Some(MetaValue::Array(MetaArray::Bool(v))) if v.len() == n => v.clone(),
+        Some(m) if m.as_u64().is_some() => {
+            let p = m.as_u64().unwrap().max(1) as usize;
+            (0..n).map(|i| (i + 1) % p != 0).collect()
+        }
+        None => (0..n).map(|i| (i + 1) % 6 != 0).collect(),
+        Some(_) => {
+            return Err(ModelError::Config(
+                "GGUF `gemma4.attention.sliding_window_pattern`: expected one bool per layer"
+                    .into(),
+            ))
+        }
+    };
+    let vocab = f
+        .tensor("token_embd.weight")
+        .map(|t| t.shape()[0])
+        .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+    let ple_dim = f
+        .get_u64(&key("embedding_length_per_layer_input"))
+        .unwrap_or(0) as usize;
+    let theta_full = f.get_f64(&key("rope.freq_base")).unwrap_or(1_000_000.0);
+    let theta_swa = f.get_f64(&key("rope.freq_base_swa")).unwrap_or(10_000.0);
+    let n_rot_full = f
+        .get_u64(&key("rope.dimension_count"))
+        .map(|x| x as usize)
+        .unwrap_or(hd_full);
+    let n_rot_swa = f
+        .get_u64(&key("rope.dimension_count_swa"))
+        .map(|x| x as usize)
+        .unwrap_or(hd_swa);
+    // ggml's NeoX rotation pairs (i, i + n_rot/2); ours pairs (i, i + head_dim/2). They agree
+    // when every dim is covered, which is how Gemma 4 is converted.
+    if n_rot_full != hd_full || n_rot_swa != hd_swa {
+        return Err(ModelError::Unsupported(format!(
+            "GGUF rope dimension counts {n_rot_full}/{n_rot_swa} differ from head dims {hd_full}/{hd_swa}"
+        )));
+    }
+    // Proportional RoPE: factor 1 on rotating pairs, a huge factor (frequency ~0) elsewhere.
+    let full_pairs = match f.tensor("rope_freqs.weight") {
+        Some(_) => {
+            let v = gguf_f32(f, "rope_freqs.weight", &[hd_full / 2])?;
+            let k = v.iter().take_while(|&&x| x == 1.0).count();
+            if v[k..].iter().any(|&x| x < 1e20) {
+                return Err(ModelError::Unsupported(
+                    "GGUF rope_freqs other than 1 (rotate) / huge (pass through)".into(),
+                ));
+            }
+            k
+        }
+        None => hd_full / 2,
+    };
+    // The tokenizer's EOS; `to_spec` adds Gemma 4's turn stops.
+    let eos = f.get_u64("tokenizer.ggml.eos_token_id").unwrap_or(1);
+    let t = json!({
+        "hidden_size": hidden,
+        "num_hidden_layers": n,
+        "num_attention_heads": heads[0],
+        "num_key_value_heads": kv_heads[0],
+        "head_dim": hd_swa,
+        "global_head_dim": hd_full,
+        "vocab_size": vocab,
+        "vocab_size_per_layer_input": vocab,
+        "hidden_size_per_layer_input": ple_dim,
+        "intermediate_size": ff[0],
+        "num_kv_shared_layers": f.get_u64(&key("attention.shared_kv_layers")).unwrap_or(0),
+        "sliding_window": f.get_u64(&key("attention.sliding_window")).unwrap_or(512),
+        "rms_norm_eps": f.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+        "final_logit_softcapping": f.get_f64(&key("final_logit_softcapping")),
+        "max_position_embeddings": f.get_u64(&key("context_length")).unwrap_or(131_072),
+        "bos_token_id": f.get_u64("tokenizer.ggml.bos_token_id").unwrap_or(2),
+        "eos_token_id": eos,
+        "layer_types": sliding.iter().map(|&s| if s { "sliding_attention" } else { "full_attention" }).collect::<Vec<_>>(),
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": theta_swa},
+            "full_attention": {"rope_type": "default", "rope_theta": theta_full}
+        },
+        "tie_word_embeddings": f.tensor("output.weight").is_none(),
+    });
+    let mut tc = Gemma4TextConfig::parse(&t)?;
+    tc.kv_heads = kv_heads.clone();
+    // The released checkpoints are bf16 and transformers rounds the embedding scale to the
+    // weight dtype; llama.cpp's unrounded sqrt(hidden) is 0.2 % off for E4B.
+    let mut spec = tc.to_spec(DType::BF16)?;
+    for (i, l) in spec.layers.iter_mut().enumerate() {
+        l.n_heads = heads[i];
+        l.intermediate = ff[i];
+        if !l.sliding {
+            l.rope.rotary_pairs = full_pairs;
+        }
+    }
+    spec.validate().map_err(ModelError::Config)?;
+
+    let h = hidden;
+    let mut layers = Vec::with_capacity(n);
+    for (i, l) in spec.layers.iter().enumerate() {
+        let p = |s: &str| format!("blk.{i}.{s}.weight");
+        let (qd, kvd, hd, im) = (l.q_dim(), l.kv_dim(), l.head_dim, l.intermediate);
+        let own = l.owns_kv(i);
+        if own && f.tensor(&p("attn_v")).is_none() {
+            return Err(ModelError::Unsupported(format!(
+                "blk.{i} has no attn_v (K = V attention) which is not supported"
+            )));
+        }
+        let scalar = if f.tensor(&p("layer_output_scale")).is_some() {
+            gguf_f32(f, &p("layer_output_scale"), &[1])?[0]
+        } else {
+            1.0
+        };
+        let ple = match &spec.ple {
+            Some(ps) => Some(LayerPle {
+                gate: gguf_matrix(f, &p("inp_gate"), ps.dim, h)?,
+                proj: gguf_matrix(f, &p("proj"), h, ps.dim)?,
+                post_norm: gguf_f32(f, &p("post_norm"), &[h])?,
+            }),
+            None => None,
+        };
+        layers.push(LayerWeights {
+            attn_norm: gguf_f32(f, &p("attn_norm"), &[h])?,
+            q: gguf_matrix(f, &p("attn_q"), qd, h)?,
+            k: if own {
+                Some(gguf_matrix(f, &p("attn_k"), kvd, h)?)
+            } else {
+                None
+            },
+            v: if own {
+                Some(gguf_matrix(f, &p("attn_v"), kvd, h)?)
+            } else {
+                None
+            },
+            q_norm: gguf_f32(f, &p("attn_q_norm"), &[hd])?,
+            k_norm: if own {
+                Some(gguf_f32(f, &p("attn_k_norm"), &[hd])?)
+            } else {
+                None
+            },
+            o: gguf_matrix(f, &p("attn_output"), h, qd)?,
+            post_attn_norm: gguf_f32(f, &p("post_attention_norm"), &[h])?,
+            pre_ffn_norm: gguf_f32(f, &p("ffn_norm"), &[h])?,
+            gate: gguf_matrix(f, &p("ffn_gate"), im, h)?,
+            up: gguf_matrix(f, &p("ffn_up"), im, h)?,
+            down: gguf_matrix(f, &p("ffn_down"), h, im)?,
+            post_ffn_norm: gguf_f32(f, &p("post_ffw_norm"), &[h])?,
+            ple,
+            layer_scalar: scalar,
+        });
+    }
+    let ple = match &spec.ple {
+        Some(ps) => {
+            let width = n * ps.dim;
+            Some(GlobalPle {
+                table: gguf_matrix(f, "per_layer_token_embd.weight", ps.vocab, width)?,
+                model_proj: gguf_matrix(f, "per_layer_model_proj.weight", width, h)?,
+                proj_norm: gguf_f32(f, "per_layer_proj_norm.weight", &[ps.dim])?,
+            })
+        }
+        None => None,
+    };
+    let lm_head = if spec.tie_embeddings {
+        None
+    } else {
+        Some(gguf_matrix(f, "output.weight", vocab, h)?)
+    };
+    let weights = ModelWeights {
+        embed: gguf_matrix(f, "token_embd.weight", vocab, h)?,
+        lm_head,
+        final_norm: gguf_f32(f, "output_norm.weight", &[h])?,
+        ple,
+        layers,
+    };
+    Ok(Model { spec, weights })
 }
