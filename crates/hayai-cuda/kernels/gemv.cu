@@ -144,7 +144,7 @@ __device__ __forceinline__ float dot_chunk_bf16(uint4 w, const float4* xc) {
 
 #define GEMV_THREADS 256
 #define GEMV_ROWS_PER_BLOCK 64
-#define GEMV_UNROLL 8
+#define GEMV_UNROLL 4
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams p) {
     extern __shared__ float xs[];
@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     }
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 1);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
-    if (p.glu && p.splits == 1) {
+    if (p.glu) {
         // Rows are interleaved gate/up pairs: row 2i is gate i, row 2i+1 is up i.
         const float up = __shfl_xor_sync(HAYAI_FULL_MASK, acc, 4);
         if (valid && l == 0 && (quad & 1) == 0) p.out[row >> 1] = gelu_tanh(acc) * up;
@@ -231,21 +231,10 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     if (!last) return;
     __threadfence();
     const int r = blockIdx.x * GEMV_ROWS_PER_BLOCK + threadIdx.x;
-    float t = 0.f;
     if (threadIdx.x < GEMV_ROWS_PER_BLOCK && r < p.rows) {
+        float t = 0.f;
         for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
-        if (!p.glu) p.out_final[r] = t;
-    }
-    if (p.glu) {
-        // Gate/up pairs are adjacent rows, so a tile holds whole pairs.
-        float* sums = xs;
-        __syncthreads();
-        if (threadIdx.x < GEMV_ROWS_PER_BLOCK) sums[threadIdx.x] = t;
-        __syncthreads();
-        if (threadIdx.x < GEMV_ROWS_PER_BLOCK / 2 && r - threadIdx.x + 2 * threadIdx.x < p.rows) {
-            const int i = (blockIdx.x * GEMV_ROWS_PER_BLOCK) / 2 + threadIdx.x;
-            p.out_final[i] = gelu_tanh(sums[2 * threadIdx.x]) * sums[2 * threadIdx.x + 1];
-        }
+        p.out_final[r] = t;
     }
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
