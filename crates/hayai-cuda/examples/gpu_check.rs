@@ -1,6 +1,6 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [e4b-parity] [bench] [bench-bf16]   (default: all)
+//! usage: gpu_check [parity] [e4b-parity] [bench] [bench-bf16] [bench-bf16-tiled]   (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,9 +8,17 @@ use std::time::Instant;
 use hayai_cuda::bench::{bench_engine, BenchOptions};
 use hayai_cuda::check::{graph_matches_eager, parity};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
-use hayai_cuda::Quant;
+use hayai_cuda::{CudaOptions, Quant};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
+
+fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
+    CudaOptions {
+        quant,
+        persistent_gemv,
+        ..Default::default()
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -40,15 +48,22 @@ fn main() {
         ] {
             let m = random_model(&small_spec(arch), seed);
             let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
-            for q in [Quant::Bf16, Quant::Int4] {
-                match parity(&m, q, &p, 300, true) {
-                    Ok(r) => check(name, r.rel_l2 < 1e-4 && r.greedy_identical(), r.line()),
+            for persistent in [true, false] {
+                let kind = if persistent { "persistent" } else { "tiled" };
+                for q in [Quant::Bf16, Quant::Int4] {
+                    match parity(&m, &opts(q, persistent), &p, 300) {
+                        Ok(r) => check(
+                            name,
+                            r.rel_l2 < 1e-4 && r.greedy_identical(),
+                            format!("{kind} {}", r.line()),
+                        ),
+                        Err(e) => check(name, false, e.to_string()),
+                    }
+                }
+                match graph_matches_eager(&m, Quant::Int4, persistent, &p[..8]) {
+                    Ok(ok) => check(name, ok, format!("{kind} graph replay == eager launches")),
                     Err(e) => check(name, false, e.to_string()),
                 }
-            }
-            match graph_matches_eager(&m, Quant::Int4, &p[..8]) {
-                Ok(ok) => check(name, ok, "graph replay == eager launches".into()),
-                Err(e) => check(name, false, e.to_string()),
             }
         }
     }
@@ -62,33 +77,39 @@ fn main() {
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
         for (q, steps) in [(Quant::Bf16, 8), (Quant::Int4, 8)] {
             let t = Instant::now();
-            match parity(&m, q, &p, steps, true) {
+            match parity(&m, &opts(q, true), &p, steps) {
                 Ok(r) => check("e4b", r.rel_l2 < 1e-3 && r.greedy_identical(), r.line()),
                 Err(e) => check("e4b", false, e.to_string()),
             }
             println!("  ({:.1} s)", t.elapsed().as_secs_f64());
         }
     }
-    if want("bench") || want("bench-bf16") {
+    // (quant, persistent GEMV) pairs to benchmark.
+    let mut runs = Vec::new();
+    if want("bench") {
+        runs.push((Quant::Int4, true));
+        runs.push((Quant::Int4, false));
+    }
+    if want("bench-bf16") {
+        runs.push((Quant::Bf16, true));
+    }
+    if want("bench-bf16-tiled") {
+        runs.push((Quant::Bf16, false));
+    }
+    if !runs.is_empty() {
         let t = Instant::now();
         let m = Arc::new(random_model_bf16(&e4b_spec(), 7));
         println!(
             "e4b synthetic model built in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        let mut qs = Vec::new();
-        if want("bench") {
-            qs.push(Quant::Int4);
-        }
-        if args.is_empty() || want("bench-bf16") {
-            qs.push(Quant::Bf16);
-        }
-        for q in qs {
-            let opts = BenchOptions {
+        for (q, persistent) in runs {
+            let o = BenchOptions {
                 quant: q,
+                persistent_gemv: persistent,
                 ..Default::default()
             };
-            match bench_engine(m.clone(), &opts) {
+            match bench_engine(m.clone(), &o) {
                 Ok(r) => println!(
                     "== bench-engine synth:e4b --quant {} --prompt-len 128 --gen 512\n{}",
                     q.name(),

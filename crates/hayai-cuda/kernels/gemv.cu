@@ -238,3 +238,125 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     }
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
+
+// Persistent variant: a grid the GPU holds at once (sized by the host from the occupancy), the
+// prologue built once per block, and each warp looping over work items = (8-row octet, K split).
+// A split octet is finished by the last warp to complete it (per-octet counter), which adds the
+// partials in split order (deterministic) and applies the GeGLU epilogue when asked.
+#define GEMV_P_UNROLL 4
+
+__device__ __forceinline__ const uint4* gemv_wrow(const GemvParams& p, int row, int l) {
+    return p.int4 ? (const uint4*)((const uint8_t*)p.w + (size_t)row * (p.cols >> 1)) + l
+                  : (const uint4*)((const uint16_t*)p.w + (size_t)row * p.cols) + l;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(const GemvParams p) {
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int quad = lane >> 2, l = lane & 3;
+    const int octets = (p.rows + 7) >> 3;
+    const int items = octets * p.splits;
+    const int nwarps = gridDim.x * (GEMV_THREADS / 32);
+    const int units = p.int4 ? (p.cols >> 7) : (p.cols >> 5);
+    const int per = (units + p.splits - 1) / p.splits;
+    const int groups = p.cols >> 7;
+
+    int item = blockIdx.x * (GEMV_THREADS / 32) + warp;
+    uint4 wv[GEMV_P_UNROLL];
+    float sc[GEMV_P_UNROLL];
+    // Request the first item's first batch before the prologue.
+    if (item < items) {
+        const int oct = item / p.splits, s = item % p.splits;
+        const int row = min(oct * 8 + quad, p.rows - 1);
+        const int u0 = s * per, u1 = min(units, u0 + per);
+        const uint4* wrow = gemv_wrow(p, row, l);
+#pragma unroll
+        for (int u = 0; u < GEMV_P_UNROLL; u++) {
+            if (u0 + u < u1) {
+                wv[u] = ld_stream(wrow + (size_t)(u0 + u) * 4);
+                sc[u] = p.int4 ? bf16_to_f32(p.scales[(size_t)row * groups + u0 + u]) : 1.f;
+            }
+        }
+    }
+    gemv_prologue(p, xs, red, p.int4 != 0);
+
+    bool preloaded = true;
+    for (; item < items; item += nwarps) {
+        const int oct = item / p.splits, s = item % p.splits;
+        const int row0 = oct * 8 + quad;
+        const bool valid = row0 < p.rows;
+        const int row = min(row0, p.rows - 1);
+        const int u0 = s * per, u1 = min(units, u0 + per);
+        const uint4* wrow = gemv_wrow(p, row, l);
+        const uint16_t* srow = p.scales + (size_t)row * groups;
+        if (!preloaded) {
+#pragma unroll
+            for (int u = 0; u < GEMV_P_UNROLL; u++) {
+                if (u0 + u < u1) {
+                    wv[u] = ld_stream(wrow + (size_t)(u0 + u) * 4);
+                    sc[u] = p.int4 ? bf16_to_f32(srow[u0 + u]) : 1.f;
+                }
+            }
+        }
+        preloaded = false;
+        float acc = 0.f;
+        for (int g = u0; g < u1; g += GEMV_P_UNROLL) {
+            uint4 cw[GEMV_P_UNROLL];
+            float cs[GEMV_P_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_P_UNROLL; u++) {
+                cw[u] = wv[u];
+                cs[u] = sc[u];
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_P_UNROLL; u++) {
+                const int gn = g + GEMV_P_UNROLL + u;
+                if (gn < u1) {
+                    wv[u] = ld_stream(wrow + (size_t)gn * 4);
+                    sc[u] = p.int4 ? bf16_to_f32(srow[gn]) : 1.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_P_UNROLL; u++) {
+                if (g + u < u1) {
+                    if (p.int4) {
+                        acc = fmaf(dot_group_int4(cw[u], (const float4*)(xs + (g + u) * 128 + 4 * l)), cs[u], acc);
+                    } else {
+                        acc += dot_chunk_bf16(cw[u], (const float4*)(xs + (g + u) * 32 + 8 * l));
+                    }
+                }
+            }
+        }
+        acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 1);
+        acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
+        if (p.splits == 1) {
+            if (p.glu) {
+                const float up = __shfl_xor_sync(HAYAI_FULL_MASK, acc, 4);
+                if (valid && l == 0 && (quad & 1) == 0) p.out[row0 >> 1] = gelu_tanh(acc) * up;
+            } else if (valid && l == 0) {
+                p.out[row0] = acc;
+            }
+            continue;
+        }
+        if (valid && l == 0) p.out[(size_t)s * p.rows + row0] = acc;
+        __threadfence();
+        __syncwarp();
+        int prev = 0;
+        if (lane == 0) prev = atomicAdd(p.counters + oct, 1);
+        prev = __shfl_sync(HAYAI_FULL_MASK, prev, 0);
+        if (prev != p.splits - 1) continue;
+        __threadfence();
+        const int r = oct * 8 + (lane & 7);
+        float t = 0.f;
+        if (r < p.rows)
+            for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
+        if (p.glu) {
+            const float up = __shfl_xor_sync(HAYAI_FULL_MASK, t, 1);
+            if (lane < 8 && (lane & 1) == 0 && r < p.rows) p.out_final[r >> 1] = gelu_tanh(t) * up;
+        } else if (lane < 8 && r < p.rows) {
+            p.out_final[r] = t;
+        }
+        if (lane == 0) p.counters[oct] = 0;
+    }
+}

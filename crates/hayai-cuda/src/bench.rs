@@ -19,6 +19,8 @@ pub struct BenchOptions {
     pub device_ordinal: usize,
     /// Decode runs (after one warm-up run); the median is reported.
     pub runs: usize,
+    /// See [`CudaOptions::persistent_gemv`].
+    pub persistent_gemv: bool,
 }
 
 impl Default for BenchOptions {
@@ -29,6 +31,7 @@ impl Default for BenchOptions {
             gen: 512,
             device_ordinal: 0,
             runs: 3,
+            persistent_gemv: true,
         }
     }
 }
@@ -45,6 +48,7 @@ pub struct KernelTime {
 pub struct BenchReport {
     pub gpu: String,
     pub quant: Quant,
+    pub persistent_gemv: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -68,9 +72,14 @@ impl BenchReport {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         s += &format!(
-            "gpu: {}\nquant: {}  prompt: {}  gen: {}\n",
+            "gpu: {}\nquant: {}  gemv: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
+            if self.persistent_gemv {
+                "persistent"
+            } else {
+                "tiled"
+            },
             self.prompt_len,
             self.gen
         );
@@ -154,6 +163,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             max_context: Some(total),
             device_ordinal: opts.device_ordinal,
             use_graph: true,
+            persistent_gemv: opts.persistent_gemv,
         },
     )?;
     let prompt = bench_prompt(opts.prompt_len.max(1), vocab);
@@ -207,6 +217,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
     Ok(BenchReport {
         gpu: r.gpu_name().to_string(),
         quant: opts.quant,
+        persistent_gemv: opts.persistent_gemv,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

@@ -76,20 +76,18 @@ fn greedy(r: &mut dyn Runner, first: u32, steps: usize) -> Result<Vec<u32>, Cuda
 /// each and count how long they agree.
 pub fn parity(
     model: &Model,
-    quant: Quant,
+    opts: &CudaOptions,
     prompt: &[u32],
     steps: usize,
-    use_graph: bool,
 ) -> Result<ParityReport, CudaError> {
+    let quant = opts.quant;
     let reference = Arc::new(reference_model(model, quant));
     let max_context = Some(prompt.len() + steps + 1);
     let mut gpu = CudaRunner::new(
         Arc::new(model.clone()),
         CudaOptions {
-            quant,
             max_context,
-            device_ordinal: 0,
-            use_graph,
+            ..opts.clone()
         },
     )?;
     let mut cpu = CpuRunner::new(reference)?;
@@ -125,7 +123,12 @@ pub fn parity(
 }
 
 /// Logits of the graph path and the eager (kernel-by-kernel) path must be bit-identical.
-pub fn graph_matches_eager(model: &Model, quant: Quant, prompt: &[u32]) -> Result<bool, CudaError> {
+pub fn graph_matches_eager(
+    model: &Model,
+    quant: Quant,
+    persistent_gemv: bool,
+    prompt: &[u32],
+) -> Result<bool, CudaError> {
     let m = Arc::new(model.clone());
     let mut out = Vec::new();
     for use_graph in [true, false] {
@@ -136,6 +139,7 @@ pub fn graph_matches_eager(model: &Model, quant: Quant, prompt: &[u32]) -> Resul
                 max_context: Some(prompt.len() + 1),
                 device_ordinal: 0,
                 use_graph,
+                persistent_gemv,
             },
         )?;
         out.push(all_logits(&mut r, prompt)?);

@@ -54,6 +54,7 @@ pub(crate) struct Gpu {
 
 pub(crate) const KERNELS: &[&str] = &[
     "gemv",
+    "gemv_persistent",
     "attn_split",
     "argmax_stage1",
     "argmax_stage2",

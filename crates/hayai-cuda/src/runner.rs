@@ -52,6 +52,9 @@ pub struct CudaOptions {
     pub device_ordinal: usize,
     /// Replay the step as a CUDA graph (default); off launches kernels one by one (for checks).
     pub use_graph: bool,
+    /// GEMV kernel: persistent (grid the GPU holds at once, prologue once per block, warps loop
+    /// over row octets) or tiled (one 64-row tile per block).
+    pub persistent_gemv: bool,
 }
 
 impl Default for CudaOptions {
@@ -61,6 +64,7 @@ impl Default for CudaOptions {
             max_context: None,
             device_ordinal: 0,
             use_graph: true,
+            persistent_gemv: true,
         }
     }
 }
@@ -381,6 +385,9 @@ pub struct CudaRunner {
     info: RunnerInfo,
     quant: Quant,
     use_graph: bool,
+    persistent: bool,
+    /// Resident GEMV blocks per SM by dynamic shared memory size (persistent grid sizing).
+    gemv_occupancy: std::cell::RefCell<Vec<(usize, usize)>>,
     len: usize,
     /// What `step_io` holds on the device, when known: (token, position).
     dev_io: Option<(u32, usize)>,
@@ -543,7 +550,9 @@ impl CudaRunner {
             attn_counters: gpu
                 .alloc(spec.layers.iter().map(|l| l.n_heads).max().unwrap_or(1) * 4)?,
             gu_part: gpu.alloc(MAX_SPLITS * 2 * max_im * f)?,
-            counters: gpu.alloc(spec.vocab.max(max_qkv).div_ceil(GEMV_ROWS_PER_BLOCK) * 4 + 64)?,
+            // One counter per 8-row octet of the tallest matrix.
+            counters: gpu
+                .alloc((spec.vocab.max(2 * max_im).max(max_qkv).max(ple_w) / 8 + 64) * 4)?,
             q: gpu.alloc(max_q * f)?,
             attn_ml: gpu.alloc(max_attn * 2 * f)?,
             attn_acc: gpu.alloc(max_attn * max_hd * f)?,
@@ -576,6 +585,7 @@ impl CudaRunner {
                 )));
             }
             gpu.set_max_dynamic_smem("gemv", smem)?;
+            gpu.set_max_dynamic_smem("gemv_persistent", smem)?;
         }
 
         let info = RunnerInfo {
@@ -598,6 +608,8 @@ impl CudaRunner {
             info,
             quant: q,
             use_graph: opts.use_graph,
+            persistent: opts.persistent_gemv,
+            gemv_occupancy: Default::default(),
             len: 0,
             dev_io: None,
             logits_host: vec![0.0; spec.vocab],
@@ -635,14 +647,62 @@ impl CudaRunner {
             splits as u32,
             1,
         );
-        let l = Launch::new(&self.gpu, label, "gemv", grid, 256, (m.cols * 4) as u32, &p);
+        let smem = m.cols * 4;
+        let l = if self.persistent {
+            let items = m.rows.div_ceil(8) * splits;
+            let resident = self.gpu.sm_count as usize * self.blocks_per_sm(smem);
+            let blocks = items.div_ceil(8).min(resident).max(1);
+            let grid = (blocks as u32, 1, 1);
+            Launch::new(
+                &self.gpu,
+                label,
+                "gemv_persistent",
+                grid,
+                256,
+                smem as u32,
+                &p,
+            )
+        } else {
+            Launch::new(&self.gpu, label, "gemv", grid, 256, smem as u32, &p)
+        };
         // Split launches leave the finished vector in `fin`, unsplit ones in `out`.
         (l, if splits > 1 { fin } else { out })
     }
 
     fn mat_splits(&self, m: &DevMat, sm: usize) -> usize {
         let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
+        if self.persistent {
+            // Enough (octet, split) items for every resident warp.
+            let warps = sm * self.blocks_per_sm(m.cols * 4) * 8;
+            let octets = m.rows.div_ceil(8).max(1);
+            return warps
+                .div_ceil(octets)
+                .clamp(1, MAX_SPLITS)
+                .min((units / 4).max(1));
+        }
         splits_for(m.rows, units, sm)
+    }
+
+    fn blocks_per_sm(&self, smem: usize) -> usize {
+        if let Some(&(_, b)) = self
+            .gemv_occupancy
+            .borrow()
+            .iter()
+            .find(|(s, _)| *s == smem)
+        {
+            return b;
+        }
+        let b = unsafe {
+            cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+                self.gpu.func("gemv_persistent"),
+                256,
+                smem,
+            )
+        }
+        .map(|b| b.max(1) as usize)
+        .unwrap_or(1);
+        self.gemv_occupancy.borrow_mut().push((smem, b));
+        b
     }
 
     /// The decode step as a fixed list of launches (see the module docs for the data flow).
@@ -812,8 +872,12 @@ impl CudaRunner {
                 ..Default::default()
             };
             cur ^= 1;
-            // The GeGLU epilogue needs whole sums: no split.
-            let sgu = 1;
+            // The tiled kernel's GeGLU epilogue needs whole sums: no split there.
+            let sgu = if self.persistent {
+                self.mat_splits(&dl.gateup, sm)
+            } else {
+                1
+            };
             let (l, act) = self.gemv(
                 "gemv.gate_up",
                 &dl.gateup,

@@ -2,7 +2,7 @@
 
 use hayai_cuda::check::{graph_matches_eager, parity};
 use hayai_cuda::synth::{random_model_bf16, small_spec};
-use hayai_cuda::Quant;
+use hayai_cuda::{CudaOptions, Quant};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
 
@@ -26,6 +26,14 @@ fn gpu() -> bool {
     }
 }
 
+fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
+    CudaOptions {
+        quant,
+        persistent_gemv,
+        ..Default::default()
+    }
+}
+
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     hayai_cuda::bench::bench_prompt(n, vocab)
 }
@@ -37,10 +45,13 @@ fn small_gemma4_bf16_matches_cpu() {
     }
     let m = random_model(&small_spec(Arch::Gemma4), 11);
     // 300 steps: past the ring buffer's window + slack, so the wrap-around is exercised.
-    let r = parity(&m, Quant::Bf16, &prompt(24, m.spec.vocab), 300, true).unwrap();
-    eprintln!("{}", r.line());
-    assert!(r.rel_l2 < 1e-4, "{}", r.line());
-    assert!(r.greedy_identical(), "{}", r.line());
+    for persistent in [true, false] {
+        let o = opts(Quant::Bf16, persistent);
+        let r = parity(&m, &o, &prompt(24, m.spec.vocab), 300).unwrap();
+        eprintln!("{}", r.line());
+        assert!(r.rel_l2 < 1e-4, "{}", r.line());
+        assert!(r.greedy_identical(), "{}", r.line());
+    }
 }
 
 #[test]
@@ -49,10 +60,13 @@ fn small_gemma4_int4_matches_cpu_int4() {
         return;
     }
     let m = random_model_bf16(&small_spec(Arch::Gemma4), 12);
-    let r = parity(&m, Quant::Int4, &prompt(24, m.spec.vocab), 300, true).unwrap();
-    eprintln!("{}", r.line());
-    assert!(r.rel_l2 < 1e-4, "{}", r.line());
-    assert!(r.greedy_identical(), "{}", r.line());
+    for persistent in [true, false] {
+        let o = opts(Quant::Int4, persistent);
+        let r = parity(&m, &o, &prompt(24, m.spec.vocab), 300).unwrap();
+        eprintln!("{}", r.line());
+        assert!(r.rel_l2 < 1e-4, "{}", r.line());
+        assert!(r.greedy_identical(), "{}", r.line());
+    }
 }
 
 #[test]
@@ -62,7 +76,7 @@ fn small_gemma3_bf16_and_int4_match_cpu() {
     }
     let m = random_model(&small_spec(Arch::Gemma3), 13);
     for q in [Quant::Bf16, Quant::Int4] {
-        let r = parity(&m, q, &prompt(16, m.spec.vocab), 280, true).unwrap();
+        let r = parity(&m, &opts(q, true), &prompt(16, m.spec.vocab), 280).unwrap();
         eprintln!("{}", r.line());
         assert!(r.rel_l2 < 1e-4, "{}", r.line());
         assert!(r.greedy_identical(), "{}", r.line());
@@ -75,7 +89,11 @@ fn graph_replay_equals_eager_launches() {
         return;
     }
     let m = random_model(&small_spec(Arch::Gemma4), 14);
-    assert!(graph_matches_eager(&m, Quant::Int4, &prompt(12, m.spec.vocab)).unwrap());
+    for persistent in [true, false] {
+        assert!(
+            graph_matches_eager(&m, Quant::Int4, persistent, &prompt(12, m.spec.vocab)).unwrap()
+        );
+    }
 }
 
 #[test]
