@@ -828,7 +828,7 @@ pub fn load_gguf(f: &GgufFile) -> Result<Model, ModelError> {
     };
     let vocab = f
         .tensor("token_embd.weight")
-        .map(|t| t.shape()[0])
+        .and_then(|t| t.shape().first().copied())
         .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
     let ple_dim = f
         .get_u64(&key("embedding_length_per_layer_input"))

@@ -104,3 +104,53 @@ fn assistant_preset_pairs_with_its_target() {
     assert_eq!((donors.sliding, donors.full), (3, 2));
     assert_eq!(a.layers.len(), 4);
 }
+
+#[test]
+fn masked_head_agrees_with_the_dense_head_on_its_clusters() {
+    use hayai_model::assistant::{DraftHead, KvView};
+    let d = tempfile::tempdir().unwrap();
+    synth("tiny", 2, &d.path().join("t"), SynthDtype::F32).unwrap();
+    synth("tiny-assistant", 2, &d.path().join("a"), SynthDtype::F32).unwrap();
+    let model = Arc::new(load_hf_dir(&d.path().join("t")).unwrap());
+    let masked = Assistant::load_hf_dir(&d.path().join("a")).unwrap();
+    let mut dense = masked.clone();
+    dense.head = DraftHead::Dense;
+    let donors = masked.donors(&model.spec).unwrap();
+    let mut r = CpuRunner::new(model.clone()).unwrap();
+    let toks: Vec<u32> = (0..30u32).map(|i| (i * 37 + 5) % 512).collect();
+    r.forward(&toks, Rows::Last, &mut |_, _| {}).unwrap();
+    let h = model.spec.hidden;
+    let hidden = &r.hidden_states()[29 * h..30 * h];
+    let (sk, sv) = r.kv_cache(donors.sliding).unwrap();
+    let (fk, fv) = r.kv_cache(donors.full).unwrap();
+    let e = r.embed(&[7]);
+    let run = |a: &Assistant| {
+        a.step(
+            &e,
+            hidden,
+            30,
+            KvView { k: sk, v: sv },
+            KvView { k: fk, v: fv },
+            30,
+            true,
+        )
+        .unwrap()
+    };
+    let (m, dn) = (run(&masked), run(&dense));
+    assert_eq!(m.hidden, dn.hidden);
+    let (ml, dl) = (m.logits.unwrap(), dn.logits.unwrap());
+    let fill = ml.iter().copied().fold(f32::INFINITY, f32::min);
+    let selected: Vec<usize> = (0..ml.len()).filter(|&i| ml[i] > fill).collect();
+    // top-4 of 16 clusters of 32 tokens.
+    assert_eq!(selected.len(), 4 * 32);
+    for &i in &selected {
+        assert!((ml[i] - dl[i]).abs() < 1e-5);
+    }
+    let best = selected
+        .iter()
+        .copied()
+        .max_by(|&a, &b| dl[a].total_cmp(&dl[b]))
+        .unwrap();
+    assert_eq!(m.token as usize, best);
+    assert_eq!(dn.token, argmax(&dl));
+}
