@@ -31,7 +31,7 @@ impl Default for BenchOptions {
             gen: 512,
             device_ordinal: 0,
             runs: 3,
-            persistent_gemv: true,
+            persistent_gemv: false,
         }
     }
 }
