@@ -74,6 +74,40 @@ impl Default for CudaOptions {
 /// up to this many positions keeps the window intact.
 pub const RING_SLACK: usize = 256;
 
+/// Whether the GPU kernels can run `spec` (checked without touching a GPU): head dims multiples
+/// of 128 up to 512, every projection width a multiple of 32, PLE width a multiple of 32 up to
+/// 1024.
+pub fn check_supported(spec: &hayai_model::ModelSpec) -> Result<(), CudaError> {
+    spec.validate().map_err(ModelError::Config)?;
+    let width = |what: String, n: usize| {
+        if n == 0 || n % 32 != 0 {
+            Err(CudaError::Unsupported(format!(
+                "{what} width {n} (the GPU kernels take multiples of 32)"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    width("hidden".into(), spec.hidden)?;
+    for (i, l) in spec.layers.iter().enumerate() {
+        if l.head_dim % 128 != 0 || l.head_dim > 512 {
+            return Err(CudaError::Unsupported(format!(
+                "layer {i}: head dim {} (the GPU kernels take multiples of 128 up to 512)",
+                l.head_dim
+            )));
+        }
+        width(format!("layer {i} intermediate"), l.intermediate)?;
+        width(format!("layer {i} attention output"), l.q_dim())?;
+    }
+    if let Some(p) = &spec.ple {
+        if p.dim > 1024 {
+            return Err(CudaError::Unsupported(format!("PLE width {}", p.dim)));
+        }
+        width("PLE".into(), p.dim)?;
+    }
+    Ok(())
+}
+
 /// Boxed runner for the engine.
 pub fn load_runner(model: Arc<Model>, opts: CudaOptions) -> Result<Box<dyn Runner>, CudaError> {
     Ok(Box::new(CudaRunner::new(model, opts)?))
@@ -412,6 +446,7 @@ impl CudaRunner {
     pub fn new(model: Arc<Model>, opts: CudaOptions) -> Result<CudaRunner, CudaError> {
         let spec = &model.spec;
         spec.validate().map_err(ModelError::Config)?;
+        check_supported(spec)?;
         let gpu = Gpu::new(opts.device_ordinal)?;
         gpu.bind()?;
         let max_ctx = opts
@@ -419,19 +454,6 @@ impl CudaRunner {
             .unwrap_or(spec.max_context.min(8192))
             .min(spec.max_context)
             .max(1);
-        for (i, l) in spec.layers.iter().enumerate() {
-            if l.head_dim % 128 != 0 || l.head_dim > 512 {
-                return Err(CudaError::Unsupported(format!(
-                    "layer {i}: head dim {} (the GPU kernels take multiples of 128 up to 512)",
-                    l.head_dim
-                )));
-            }
-        }
-        if let Some(p) = &spec.ple {
-            if p.dim > 1024 || p.dim % 32 != 0 {
-                return Err(CudaError::Unsupported(format!("PLE width {}", p.dim)));
-            }
-        }
         let w = &model.weights;
         let q = opts.quant;
         let sm = gpu.sm_count as usize;
@@ -1176,6 +1198,16 @@ impl Runner for CudaRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn supported_shapes() {
+        use hayai_model::Arch;
+        check_supported(&crate::synth::e4b_spec()).unwrap();
+        check_supported(&crate::synth::small_spec(Arch::Gemma3)).unwrap();
+        // The CPU tests' toy spec has 16-wide heads: refused with a clear error.
+        let e = check_supported(&hayai_model::random::tiny_spec(Arch::Gemma4)).unwrap_err();
+        assert!(e.to_string().contains("head dim"), "{e}");
+    }
 
     #[test]
     fn param_structs_match_the_kernels() {

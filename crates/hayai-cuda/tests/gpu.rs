@@ -105,3 +105,29 @@ fn bad_tokens_are_errors_not_panics() {
     let mut r = hayai_cuda::load_runner(m, hayai_cuda::CudaOptions::default()).unwrap();
     assert!(r.greedy_step(1_000_000).is_err());
 }
+
+/// The real Gemma 3 270M (when cached locally): its shapes fit the GPU kernels, and with a GPU
+/// its logits and greedy tokens match the CPU reference.
+#[test]
+fn real_gemma3_270m() {
+    let path = std::path::Path::new("/root/.cache/hayai/models/gemma-3-270m-q4_k_m.gguf");
+    let path = std::env::var_os("HAYAI_GEMMA3_270M")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| path.to_path_buf());
+    if !path.exists() {
+        eprintln!("skipped: {} not present", path.display());
+        return;
+    }
+    let m = hayai_model::load::load_model(&path).unwrap();
+    hayai_cuda::check_supported(&m.spec).unwrap();
+    if !gpu() {
+        return;
+    }
+    let p = [2u32, 818, 5279, 529, 7001, 563, 496, 236743];
+    for q in [Quant::Bf16, Quant::Int4] {
+        let r = parity(&m, &opts(q, false), &p, 256).unwrap();
+        eprintln!("270M {}", r.line());
+        assert!(r.rel_l2 < 1e-3, "{}", r.line());
+        assert!(r.greedy_identical(), "{}", r.line());
+    }
+}
