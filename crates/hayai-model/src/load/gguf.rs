@@ -19,8 +19,9 @@ pub fn load_gguf(path: &Path) -> Result<Model, ModelError> {
         .to_string();
     match arch.as_str() {
         "gemma3" => load_gemma3(&file),
+        "gemma4" => crate::gemma4::load_gguf(&file),
         other => Err(ModelError::Unsupported(format!(
-            "GGUF architecture `{other}` (supported: gemma3)"
+            "GGUF architecture `{other}` (supported: gemma3, gemma4)"
         ))),
     }
 }
