@@ -141,4 +141,3 @@ mod tests {
         assert_eq!(o, [7.0, -3.0]);
     }
 }
-
