@@ -46,10 +46,16 @@ pub struct ModelArgs {
     /// Weight format on the device.
     #[arg(long, value_enum, default_value = "native")]
     pub quant: Quant,
+    /// Take the tokenizer and chat template from this GGUF file or HF directory instead of the
+    /// model (for checkpoints that ship none, e.g. synthetic ones).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 pub struct Loaded {
     pub path: PathBuf,
+    /// Where the tokenizer and chat template come from (the model unless `--tokenizer`).
+    pub tokenizer_path: PathBuf,
     pub model: Arc<Model>,
     pub tokenizer: Option<Arc<Tokenizer>>,
 }
@@ -84,7 +90,20 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let path = fetch::resolve_model(args.model.as_deref())?;
     let t0 = Instant::now();
     let model = load_model(&path).with_context(|| format!("loading {}", path.display()))?;
-    let tokenizer = load_tokenizer(&path)?.map(Arc::new);
+    let tokenizer_path = args.tokenizer.clone().unwrap_or_else(|| path.clone());
+    if !tokenizer_path.exists() {
+        bail!("tokenizer path {} does not exist", tokenizer_path.display());
+    }
+    let tokenizer = load_tokenizer(&tokenizer_path)?.map(Arc::new);
+    if let Some(t) = &tokenizer {
+        if t.vocab_size() > model.spec.vocab {
+            bail!(
+                "the tokenizer has {} entries but the model only {} logits",
+                t.vocab_size(),
+                model.spec.vocab
+            );
+        }
+    }
     tracing_note(&format!(
         "loaded {} ({}, {} layers, vocab {}) in {:.1}s",
         path.display(),
@@ -95,6 +114,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     ));
     Ok(Loaded {
         path,
+        tokenizer_path,
         model: Arc::new(model),
         tokenizer,
     })

@@ -57,7 +57,7 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
             l.path.display()
         )
     })?;
-    let template = chat_template_for(&l.path, &tok)?;
+    let template = chat_template_for(&l.tokenizer_path, &tok)?;
     let text = Arc::new(HayaiText::new(tok, template));
     let runner = local::make_runner(&l, &a.model)?;
     eprintln!("backend: {}", runner.info().backend);

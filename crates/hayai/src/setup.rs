@@ -73,7 +73,7 @@ pub fn render_user_turn(l: &Loaded, tok: &Tokenizer, text: &str) -> Result<Strin
 
 /// The model's own chat template if it ships one, else the built-in format of its family.
 pub fn chat_template(l: &Loaded, tok: &Tokenizer) -> Result<hayai_tokenizer::ChatTemplate> {
-    crate::remote::chat_template_for(&l.path, tok)
+    crate::remote::chat_template_for(&l.tokenizer_path, tok)
 }
 
 pub fn synth(preset: &str, seed: u64, out: &Path, dtype: &str) -> Result<()> {
@@ -306,8 +306,12 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
         "demo: serving {} on {base} ({device}, {quant}); bench {num_prompts} prompts x {output_len} tokens, PPL on {ppl_limit} records",
         model_path.display()
     );
-    let child = std::process::Command::new(exe)
-        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()]);
+    if let Some(t) = &a.model.tokenizer {
+        cmd.arg("--tokenizer").arg(t);
+    }
+    let child = cmd
         .arg("--model")
         .arg(&model_path)
         .args([
