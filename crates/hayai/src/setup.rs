@@ -90,7 +90,7 @@ fn bench_model(args: &ModelArgs) -> Result<(String, Arc<Model>)> {
             .with_context(|| format!("unknown synthetic preset `{preset}`"))?;
         return Ok((
             format!("synth:{preset}"),
-            Arc::new(hayai_model::random::random_model(&spec, 1)),
+            Arc::new(hayai_cuda::synth::random_model_bf16(&spec, 7)),
         ));
     }
     let l = crate::local::load(args)?;
