@@ -11,6 +11,7 @@
 //! Every malformed input yields a [`FormatError`] naming the file and the
 //! key, tensor or byte offset involved.
 
+pub mod cache;
 pub mod config;
 pub mod convert;
 pub mod dequant;

@@ -9,12 +9,8 @@ use std::time::Instant;
 use hayai_core::dequant::{dequantize, tensor_rows_f32};
 use hayai_core::{tensor_f32, GgmlType, GgufFile};
 
-const DEFAULT_MODEL: &str = "/root/.cache/hayai/models/gemma-3-270m-q4_k_m.gguf";
-
 fn model_path() -> PathBuf {
-    let p = std::env::var_os("HAYAI_MODEL_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
+    let p = hayai_core::cache::real_model_path();
     assert!(
         p.is_file(),
         "real-model test needs the Gemma 3 270M GGUF at {} (set HAYAI_MODEL_GGUF to override)",

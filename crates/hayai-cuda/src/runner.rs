@@ -1089,7 +1089,7 @@ impl CudaRunner {
     ) -> Result<Vec<(&'static str, f32)>, CudaError> {
         use cudarc::driver::result::event;
         self.gpu.bind()?;
-        self.check(&[token])?;
+        hayai_model::runner::check_feed(&self.info, self.len, &[token])?;
         let io = [token as i32, self.len as i32];
         self.gpu.write(self.scratch.step_io.ptr(), &io)?;
         let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
@@ -1122,21 +1122,6 @@ impl CudaRunner {
     pub(crate) fn gpu(&self) -> &Gpu {
         &self.gpu
     }
-
-    fn check(&self, tokens: &[u32]) -> Result<(), ModelError> {
-        let vocab = self.model.spec.vocab;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::TokenOutOfRange { id, vocab });
-        }
-        let total = self.len + tokens.len();
-        if total > self.info.max_context {
-            return Err(ModelError::ContextOverflow {
-                len: total,
-                max: self.info.max_context,
-            });
-        }
-        Ok(())
-    }
 }
 
 fn gpu_sync(gpu: &Gpu) -> Result<(), CudaError> {
@@ -1165,7 +1150,7 @@ impl Runner for CudaRunner {
         rows: Rows,
         sink: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), ModelError> {
-        self.check(tokens)?;
+        hayai_model::runner::check_feed(&self.info, self.len, tokens)?;
         self.gpu.bind()?;
         self.ensure_graph()?;
         let n = tokens.len();
@@ -1183,7 +1168,7 @@ impl Runner for CudaRunner {
     }
 
     fn greedy_step(&mut self, token: u32) -> Result<u32, ModelError> {
-        self.check(&[token])?;
+        hayai_model::runner::check_feed(&self.info, self.len, &[token])?;
         self.gpu.bind()?;
         self.ensure_graph()?;
         self.step(token)?;

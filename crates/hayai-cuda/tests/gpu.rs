@@ -97,16 +97,7 @@ fn bad_tokens_are_errors_not_panics() {
 }
 
 fn real_270m() -> hayai_model::Model {
-    let path = std::env::var_os("HAYAI_MODEL_GGUF")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HAYAI_HOME")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| {
-                    std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hayai")
-                });
-            home.join("models/gemma-3-270m-q4_k_m.gguf")
-        });
+    let path = hayai_core::cache::real_model_path();
     assert!(path.exists(), "real model missing at {}", path.display());
     hayai_model::load::load_model(&path).unwrap()
 }

@@ -17,7 +17,8 @@ use hayai_core::safetensors::{DType, SafeTensors};
 use serde_json::Value;
 
 use crate::cpu::ops::{gelu_tanh, rms_norm_rows, rope};
-use crate::gemma4::{eos_list, Gemma4TextConfig, HfTensors};
+use crate::gemma4::Gemma4TextConfig;
+use crate::load::hf::{eos_ids, HfTensors};
 use crate::spec::{ModelSpec, RopeSpec};
 use crate::weights::Matrix;
 use crate::ModelError;
@@ -208,8 +209,8 @@ impl Assistant {
         } else {
             DraftHead::Dense
         };
-        let mut eos = eos_list(raw);
-        for t in eos_list(text) {
+        let mut eos = eos_ids(raw);
+        for t in eos_ids(text) {
             if !eos.contains(&t) {
                 eos.push(t);
             }

@@ -12,6 +12,7 @@ use hayai_core::safetensors::{DType, SafeTensors};
 use hayai_core::{GgufFile, MetaArray, MetaValue};
 use serde_json::{json, Value};
 
+use crate::load::hf::{eos_ids, HfTensors};
 use crate::spec::{Arch, LayerSpec, ModelSpec, PleSpec, RopeSpec};
 use crate::weights::{GlobalPle, LayerPle, LayerWeights, Matrix, Model, ModelWeights};
 use crate::ModelError;
@@ -150,19 +151,6 @@ fn opt_usize(v: &Value, key: &str, default: usize) -> Result<usize, ModelError> 
 
 fn opt_bool(v: &Value, key: &str, default: bool) -> bool {
     v.get(key).and_then(Value::as_bool).unwrap_or(default)
-}
-
-/// `eos_token_id` may be an int or a list.
-pub(crate) fn eos_list(v: &Value) -> Vec<u32> {
-    match v.get("eos_token_id") {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
-        _ => Vec::new(),
-    }
 }
 
 impl Gemma4TextConfig {
@@ -334,7 +322,7 @@ impl Gemma4TextConfig {
                 ModelError::Config("config.json: final_logit_softcapping must be positive".into())
             })? as f32),
         };
-        let mut eos_token_ids = eos_list(t);
+        let mut eos_token_ids = eos_ids(t);
         if t.get("eos_token_id").is_none() {
             eos_token_ids = vec![1];
         }
@@ -521,83 +509,13 @@ pub fn is_gemma4(raw: &Value) -> bool {
 /// Stop ids of a config: its `eos_token_id` (top level and text config) plus Gemma 4's turn
 /// stops.
 pub fn config_eos(raw: &Value) -> Vec<u32> {
-    let mut eos = eos_list(raw);
-    for t in eos_list(text_config(raw)) {
+    let mut eos = eos_ids(raw);
+    for t in eos_ids(text_config(raw)) {
         if !eos.contains(&t) {
             eos.push(t);
         }
     }
     eos
-}
-
-/// Typed access to a checkpoint's tensors under a name prefix, with shape checks. bf16 stays
-/// bf16; other float types are converted to f32.
-pub struct HfTensors<'a> {
-    pub st: &'a SafeTensors,
-    pub prefix: String,
-}
-
-impl<'a> HfTensors<'a> {
-    /// Use the first prefix under which `probe` exists.
-    pub fn with_prefix(
-        st: &'a SafeTensors,
-        candidates: &[&str],
-        probe: &str,
-    ) -> Result<Self, ModelError> {
-        candidates
-            .iter()
-            .find(|p| st.contains(&format!("{p}{probe}")))
-            .map(|p| HfTensors {
-                st,
-                prefix: p.to_string(),
-            })
-            .ok_or_else(|| {
-                ModelError::MissingTensor(format!("{probe} (under any of {candidates:?})"))
-            })
-    }
-
-    pub fn has(&self, name: &str) -> bool {
-        self.st.contains(&format!("{}{name}", self.prefix))
-    }
-
-    fn get(&self, name: &str) -> Result<(String, hayai_core::TensorView<'a>), ModelError> {
-        let full = format!("{}{name}", self.prefix);
-        let t = self
-            .st
-            .get(&full)
-            .ok_or_else(|| ModelError::MissingTensor(full.clone()))?;
-        Ok((full, t))
-    }
-
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
-        let (full, t) = self.get(name)?;
-        if t.shape != [rows, cols] {
-            return Err(ModelError::Shape {
-                name: full,
-                got: t.shape.clone(),
-                want: vec![rows, cols],
-            });
-        }
-        Ok(if t.dtype == DType::BF16 {
-            Matrix::from_bf16_bits(rows, cols, t.to_bf16_bits()?)
-        } else {
-            Matrix::from_f32(rows, cols, t.to_f32_vec()?)
-        })
-    }
-
-    pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-        let (full, t) = self.get(name)?;
-        // A vector may carry unit dimensions (`layer_scalar` is stored as `[1]`).
-        let non_unit = t.shape.iter().filter(|&&d| d != 1).count();
-        if t.shape.iter().product::<usize>() != n || non_unit > 1 {
-            return Err(ModelError::Shape {
-                name: full,
-                got: t.shape.clone(),
-                want: vec![n],
-            });
-        }
-        Ok(t.to_f32_vec()?)
-    }
 }
 
 /// Load a Gemma 4 text decoder from an HF directory (config.json + safetensors, single or

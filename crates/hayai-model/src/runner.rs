@@ -62,6 +62,23 @@ pub trait Runner: Send {
     }
 }
 
+/// The checks every runner makes before feeding `tokens` after `cached` positions: ids inside
+/// the vocabulary, and the total within the context limit.
+pub fn check_feed(info: &RunnerInfo, cached: usize, tokens: &[u32]) -> Result<(), ModelError> {
+    let vocab = info.vocab_size;
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::TokenOutOfRange { id, vocab });
+    }
+    let total = cached + tokens.len();
+    if total > info.max_context {
+        return Err(ModelError::ContextOverflow {
+            len: total,
+            max: info.max_context,
+        });
+    }
+    Ok(())
+}
+
 /// Index of the largest value; the lowest index wins ties; NaN never wins.
 pub fn argmax(xs: &[f32]) -> u32 {
     let mut best = 0usize;

@@ -11,13 +11,7 @@ use hayai_model::{Rows, Runner};
 use serde_json::Value;
 
 fn model_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("HAYAI_MODEL_GGUF") {
-        return p.into();
-    }
-    let home = std::env::var_os("HAYAI_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hayai"));
-    home.join("models/gemma-3-270m-q4_k_m.gguf")
+    hayai_core::cache::real_model_path()
 }
 
 fn data() -> PathBuf {

@@ -16,16 +16,7 @@ use hayai_tokenizer::{
 use serde_json::{json, Value};
 
 fn gguf_path() -> PathBuf {
-    let p = match std::env::var_os("HAYAI_MODEL_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("HAYAI_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
-                    .join(".cache/hayai")
-            })
-            .join("models/gemma-3-270m-q4_k_m.gguf"),
-    };
+    let p = hayai_core::cache::real_model_path();
     assert!(
         p.is_file(),
         "Gemma 3 270M GGUF not found at {} (set HAYAI_MODEL_GGUF or run `hayai fetch-model` first)",

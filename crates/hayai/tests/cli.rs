@@ -18,16 +18,7 @@ fn repo() -> PathBuf {
 }
 
 fn model() -> String {
-    let p = std::env::var("HAYAI_MODEL_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let home = std::env::var_os("HAYAI_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hayai")
-                });
-            home.join("models/gemma-3-270m-q4_k_m.gguf")
-        });
+    let p = hayai_core::cache::real_model_path();
     assert!(p.exists(), "real model missing at {}", p.display());
     p.display().to_string()
 }

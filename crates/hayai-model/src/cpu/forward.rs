@@ -113,21 +113,6 @@ impl CpuRunner {
         Some(ctx)
     }
 
-    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
-        let vocab = self.model.spec.vocab;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::TokenOutOfRange { id, vocab });
-        }
-        let total = self.len + tokens.len();
-        if total > self.info.max_context {
-            return Err(ModelError::ContextOverflow {
-                len: total,
-                max: self.info.max_context,
-            });
-        }
-        Ok(())
-    }
-
     /// Run one chunk through all layers; returns final-normed hidden states `n × hidden`.
     fn run_chunk(&mut self, tokens: &[u32]) -> Vec<f32> {
         let model = Arc::clone(&self.model);
@@ -286,7 +271,7 @@ impl Runner for CpuRunner {
         if tokens.is_empty() {
             return Ok(());
         }
-        self.check_tokens(tokens)?;
+        crate::runner::check_feed(&self.info, self.len, tokens)?;
         let (h, vocab) = (self.model.spec.hidden, self.model.spec.vocab);
         let mut all_hidden = Vec::with_capacity(tokens.len() * h);
         let mut logits = Vec::new();

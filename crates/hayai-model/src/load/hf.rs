@@ -7,7 +7,6 @@ use hayai_core::config::HfConfig;
 use hayai_core::safetensors::{DType, SafeTensors};
 use serde_json::Value;
 
-use super::expect_shape;
 use crate::spec::{Arch, LayerSpec, ModelSpec, RopeSpec};
 use crate::weights::{LayerWeights, Matrix, Model, ModelWeights};
 use crate::ModelError;
@@ -39,63 +38,69 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model, ModelError> {
     }
 }
 
-/// Typed access to the safetensors of one checkpoint, under a name prefix.
+/// Typed access to a checkpoint's tensors under a name prefix, with shape checks. bf16 stays
+/// bf16; other float types are converted to f32.
 pub struct HfTensors<'a> {
     pub st: &'a SafeTensors,
     pub prefix: String,
 }
 
 impl<'a> HfTensors<'a> {
-    /// Pick the prefix under which `probe` exists (e.g. `model.` or `model.language_model.`).
+    /// Use the first prefix under which `probe` exists.
     pub fn with_prefix(
         st: &'a SafeTensors,
         candidates: &[&str],
         probe: &str,
     ) -> Result<Self, ModelError> {
-        for p in candidates {
-            if st.get(&format!("{p}{probe}")).is_some() {
-                return Ok(HfTensors {
-                    st,
-                    prefix: p.to_string(),
-                });
-            }
-        }
-        Err(ModelError::MissingTensor(format!(
-            "{probe} (looked under prefixes {candidates:?})"
-        )))
+        candidates
+            .iter()
+            .find(|p| st.contains(&format!("{p}{probe}")))
+            .map(|p| HfTensors {
+                st,
+                prefix: p.to_string(),
+            })
+            .ok_or_else(|| {
+                ModelError::MissingTensor(format!("{probe} (under any of {candidates:?})"))
+            })
     }
 
     pub fn has(&self, name: &str) -> bool {
-        self.st.get(&format!("{}{name}", self.prefix)).is_some()
+        self.st.contains(&format!("{}{name}", self.prefix))
     }
 
-    /// A `[rows, cols]` matrix; bf16 stays bf16, other float types become f32.
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+    fn get(
+        &self,
+        name: &str,
+    ) -> Result<(String, hayai_core::safetensors::TensorView<'a>), ModelError> {
         let full = format!("{}{name}", self.prefix);
         let t = self
             .st
             .get(&full)
             .ok_or_else(|| ModelError::MissingTensor(full.clone()))?;
-        expect_shape(&full, &t.shape, &[rows, cols])?;
-        if t.dtype == DType::BF16 {
-            let bits = t
-                .data
-                .chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .collect();
-            return Ok(Matrix::from_bf16_bits(rows, cols, bits));
+        Ok((full, t))
+    }
+
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+        let (full, t) = self.get(name)?;
+        if t.shape != [rows, cols] {
+            return Err(ModelError::Shape {
+                name: full,
+                got: t.shape.clone(),
+                want: vec![rows, cols],
+            });
         }
-        Ok(Matrix::from_f32(rows, cols, t.to_f32_vec()?))
+        Ok(if t.dtype == DType::BF16 {
+            Matrix::from_bf16_bits(rows, cols, t.to_bf16_bits()?)
+        } else {
+            Matrix::from_f32(rows, cols, t.to_f32_vec()?)
+        })
     }
 
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-        let full = format!("{}{name}", self.prefix);
-        let t = self
-            .st
-            .get(&full)
-            .ok_or_else(|| ModelError::MissingTensor(full.clone()))?;
-        let numel: usize = t.shape.iter().product();
-        if numel != n {
+        let (full, t) = self.get(name)?;
+        // A vector may carry unit dimensions (`layer_scalar` is stored as `[1]`).
+        let non_unit = t.shape.iter().filter(|&&d| d != 1).count();
+        if t.shape.iter().product::<usize>() != n || non_unit > 1 {
             return Err(ModelError::Shape {
                 name: full,
                 got: t.shape.clone(),
