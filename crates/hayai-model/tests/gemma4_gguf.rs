@@ -198,8 +198,15 @@ fn logits(model: Arc<hayai_model::Model>, toks: &[u32]) -> Vec<f32> {
 
 fn check(name: &str) {
     let dir = fixture(name);
-    let gguf = GgufFile::from_bytes(convert(&dir)).unwrap();
+    let bytes = convert(&dir);
+    // The same file through the generic loader the CLI and server use.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("model.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let via_cli_loader = hayai_model::load::load_model(&path).unwrap();
+    let gguf = GgufFile::from_bytes(bytes).unwrap();
     let from_gguf = Arc::new(load_gguf(&gguf).unwrap());
+    assert_eq!(via_cli_loader.spec, from_gguf.spec);
     let from_hf = Arc::new(load_hf_dir(&dir).unwrap());
     assert_eq!(
         from_gguf.spec.layers, from_hf.spec.layers,

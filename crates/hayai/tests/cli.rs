@@ -302,4 +302,22 @@ fn id_commands_work_on_a_directory_without_tokenizer() {
         None,
     );
     fails_with(&out, "no tokenizer");
+    // In-process perplexity on the (Gemma 4) synthetic checkpoint, ids only.
+    let rec = dir.path().join("rec.jsonl");
+    std::fs::write(
+        &rec,
+        "{\"id\": \"a\", \"context_token_ids\": [2, 10, 11], \"target_token_ids\": [12, 13, 14]}\n",
+    )
+    .unwrap();
+    let out = run(
+        hayai()
+            .args(["ppl", "--json", "--records"])
+            .arg(&rec)
+            .arg("--model")
+            .arg(dir.path()),
+        None,
+    );
+    let v = ok_json(&out);
+    assert_eq!(v["tokens"], 3);
+    assert!(v["ppl"].as_f64().unwrap().is_finite());
 }
