@@ -329,6 +329,54 @@ pub struct GenerateArgs {
     /// Print `{"ids": [...], "text": ...}`.
     #[arg(long)]
     json: bool,
+    /// MTP assistant checkpoint (Gemma 4 drafter): greedy speculative decoding on the CPU. The
+    /// output is identical to plain greedy decoding; only the speed differs.
+    #[arg(long)]
+    assistant: Option<PathBuf>,
+    /// Draft tokens per verify pass with --assistant.
+    #[arg(long, default_value_t = 4)]
+    draft_len: usize,
+}
+
+/// Greedy speculative decoding with an MTP assistant on the CPU reference.
+fn generate_speculative(
+    l: &Loaded,
+    a: &GenerateArgs,
+    assistant: &std::path::Path,
+    prompt: &[u32],
+) -> Result<Vec<u32>> {
+    use hayai_engine::speculative::{generate_greedy, CpuMtp, SpecConfig};
+    if a.temperature != 0.0 {
+        bail!("--assistant supports greedy decoding only (--temperature 0)");
+    }
+    if a.model.device == Device::Cuda {
+        bail!("--assistant runs on the CPU backend only (use --device cpu)");
+    }
+    let asst = hayai_model::assistant::Assistant::load_hf_dir(assistant)
+        .with_context(|| format!("loading the assistant {}", assistant.display()))?;
+    let runner = CpuRunner::new(l.model.clone())?;
+    let mut mtp = CpuMtp::new(runner, Arc::new(asst))?;
+    let cfg = SpecConfig {
+        draft_len: a.draft_len,
+        max_tokens: a.max_tokens,
+        stop_tokens: if a.ignore_eos {
+            Vec::new()
+        } else {
+            l.model.spec.eos_token_ids.clone()
+        },
+    };
+    let t0 = Instant::now();
+    let out = generate_greedy(&mut mtp, prompt, &cfg, &mut |_| true)?;
+    tracing_note(&format!(
+        "speculative: {} tokens in {} verify passes ({:.2} tokens/pass, {}/{} drafts accepted), {:.2}s",
+        out.tokens.len(),
+        out.rounds,
+        out.tokens_per_round(),
+        out.accepted,
+        out.drafted,
+        t0.elapsed().as_secs_f64()
+    ));
+    Ok(out.tokens)
 }
 
 pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
@@ -346,6 +394,19 @@ pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
         (None, Some(ids)) => ids.clone(),
         _ => bail!("give exactly one of --prompt or --prompt-ids"),
     };
+    if let Some(asst) = &a.assistant {
+        let ids = generate_speculative(&l, &a, asst, &prompt)?;
+        let text = match &l.tokenizer {
+            Some(t) => Some(t.decode(&ids, false)?),
+            None => None,
+        };
+        if a.json {
+            println!("{}", json!({ "ids": ids, "text": text }));
+        } else {
+            println!("{}", text.unwrap_or_else(|| format!("{ids:?}")));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let runner = make_runner(&l, &a.model)?;
     let mut engine = Engine::new(runner);
     let req = GenRequest {

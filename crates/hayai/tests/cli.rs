@@ -321,3 +321,57 @@ fn id_commands_work_on_a_directory_without_tokenizer() {
     assert_eq!(v["tokens"], 3);
     assert!(v["ppl"].as_f64().unwrap().is_finite());
 }
+
+#[test]
+fn speculative_generate_equals_plain_greedy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, asst) = (dir.path().join("t"), dir.path().join("a"));
+    for (preset, out) in [("tiny", &target), ("tiny-assistant", &asst)] {
+        let o = run(
+            hayai()
+                .args(["synth", "--preset", preset, "--seed", "5", "--out"])
+                .arg(out),
+            None,
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let gen = |extra: &[&str]| {
+        let out = run(
+            hayai()
+                .args([
+                    "generate",
+                    "--prompt-ids",
+                    "2,17,40,41,99",
+                    "--max-tokens",
+                    "24",
+                ])
+                .args(["--ignore-eos", "--json", "--device", "cpu", "--model"])
+                .arg(&target)
+                .args(extra),
+            None,
+        );
+        ok_json(&out)["ids"].clone()
+    };
+    let plain = gen(&[]);
+    assert_eq!(plain.as_array().unwrap().len(), 24);
+    for k in ["1", "3", "6"] {
+        let spec = gen(&["--assistant", asst.to_str().unwrap(), "--draft-len", k]);
+        assert_eq!(spec, plain, "draft length {k}");
+    }
+    let out = run(
+        hayai()
+            .args([
+                "generate",
+                "--prompt-ids",
+                "2,17",
+                "--temperature",
+                "0.7",
+                "--model",
+            ])
+            .arg(&target)
+            .arg("--assistant")
+            .arg(&asst),
+        None,
+    );
+    fails_with(&out, "greedy");
+}
