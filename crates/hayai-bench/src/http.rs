@@ -70,19 +70,33 @@ impl Client {
         parse_response(&url, status, &text)
     }
 
-    /// `POST path` with a JSON body → JSON body; non-2xx is an error.
-    pub fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
+    /// Send `body` as JSON to `path`; the response is returned whatever its status.
+    fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        accept: Option<&str>,
+    ) -> Result<(String, ureq::http::Response<ureq::Body>)> {
         let url = self.url(path);
-        let payload = body.to_string();
-        let mut resp = self
+        let mut req = self
             .agent
             .post(&url)
-            .header("Content-Type", "application/json")
-            .send(payload.as_bytes())
+            .header("Content-Type", "application/json");
+        if let Some(a) = accept {
+            req = req.header("Accept", a);
+        }
+        let resp = req
+            .send(body.to_string().as_bytes())
             .map_err(|e| Error::Http {
                 url: url.clone(),
                 msg: e.to_string(),
             })?;
+        Ok((url, resp))
+    }
+
+    /// `POST path` with a JSON body → JSON body; non-2xx is an error.
+    pub fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
+        let (url, mut resp) = self.post(path, body, None)?;
         let status = resp.status().as_u16();
         let text = read_body(&url, resp.body_mut())?;
         parse_response(&url, status, &text)
@@ -96,18 +110,7 @@ impl Client {
         body: &Value,
         mut on_event: impl FnMut(Instant, &Value) -> Result<()>,
     ) -> Result<()> {
-        let url = self.url(path);
-        let payload = body.to_string();
-        let mut resp = self
-            .agent
-            .post(&url)
-            .header("Content-Type", "application/json")
-            .header("Accept", "text/event-stream")
-            .send(payload.as_bytes())
-            .map_err(|e| Error::Http {
-                url: url.clone(),
-                msg: e.to_string(),
-            })?;
+        let (url, mut resp) = self.post(path, body, Some("text/event-stream"))?;
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {
             let text = read_body(&url, resp.body_mut())?;

@@ -29,6 +29,20 @@ fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
     }
 }
 
+/// GPU vs CPU reference on `m`: logits within `max_rel_l2`, greedy tokens identical.
+fn assert_parity(
+    m: &hayai_model::Model,
+    o: &CudaOptions,
+    prompt_len: usize,
+    steps: usize,
+    max_rel_l2: f64,
+) {
+    let r = parity(m, o, &prompt(prompt_len, m.spec.vocab), steps).unwrap();
+    eprintln!("{}", r.line());
+    assert!(r.rel_l2 < max_rel_l2, "{}", r.line());
+    assert!(r.greedy_identical(), "{}", r.line());
+}
+
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     hayai_cuda::bench::bench_prompt(n, vocab)
 }
@@ -40,11 +54,7 @@ fn small_gemma4_bf16_matches_cpu() {
     let m = random_model(&small_spec(Arch::Gemma4), 11);
     // 300 steps: past the ring buffer's window + slack, so the wrap-around is exercised.
     for persistent in [true, false] {
-        let o = opts(Quant::Bf16, persistent);
-        let r = parity(&m, &o, &prompt(24, m.spec.vocab), 300).unwrap();
-        eprintln!("{}", r.line());
-        assert!(r.rel_l2 < 1e-4, "{}", r.line());
-        assert!(r.greedy_identical(), "{}", r.line());
+        assert_parity(&m, &opts(Quant::Bf16, persistent), 24, 300, 1e-4);
     }
 }
 
@@ -54,11 +64,7 @@ fn small_gemma4_int4_matches_cpu_int4() {
     require_gpu();
     let m = random_model_bf16(&small_spec(Arch::Gemma4), 12);
     for persistent in [true, false] {
-        let o = opts(Quant::Int4, persistent);
-        let r = parity(&m, &o, &prompt(24, m.spec.vocab), 300).unwrap();
-        eprintln!("{}", r.line());
-        assert!(r.rel_l2 < 1e-4, "{}", r.line());
-        assert!(r.greedy_identical(), "{}", r.line());
+        assert_parity(&m, &opts(Quant::Int4, persistent), 24, 300, 1e-4);
     }
 }
 
@@ -68,10 +74,7 @@ fn small_gemma3_bf16_and_int4_match_cpu() {
     require_gpu();
     let m = random_model(&small_spec(Arch::Gemma3), 13);
     for q in [Quant::Bf16, Quant::Int4] {
-        let r = parity(&m, &opts(q, true), &prompt(16, m.spec.vocab), 280).unwrap();
-        eprintln!("{}", r.line());
-        assert!(r.rel_l2 < 1e-4, "{}", r.line());
-        assert!(r.greedy_identical(), "{}", r.line());
+        assert_parity(&m, &opts(q, true), 16, 280, 1e-4);
     }
 }
 

@@ -16,7 +16,7 @@ use hayai_core::config::HfConfig;
 use hayai_core::safetensors::{DType, SafeTensors};
 use serde_json::Value;
 
-use crate::cpu::ops::{gelu_tanh, rms_norm_rows, rope};
+use crate::cpu::ops::{attend, gelu_tanh, rms_norm_rows, rope};
 use crate::gemma4::Gemma4TextConfig;
 use crate::load::hf::{eos_ids, HfTensors};
 use crate::spec::{ModelSpec, RopeSpec};
@@ -333,12 +333,16 @@ impl Assistant {
             let group = nh / nkv;
             let mut att = vec![0.0f32; nh * hd];
             for (head, out) in att.chunks_exact_mut(hd).enumerate() {
+                // Gemma 4 attention: scale 1.0, no softcap.
                 attend(
                     &q[head * hd..(head + 1) * hd],
-                    kv,
+                    kv.k,
+                    kv.v,
                     nkv,
                     head / group,
                     start..n_keys,
+                    1.0,
+                    None,
                     out,
                 );
             }
@@ -416,34 +420,6 @@ impl Assistant {
                 });
                 (best.1, logits)
             }
-        }
-    }
-}
-
-/// Softmax attention (scale 1.0, as in Gemma 4) of one query head over target positions
-/// `range` of `kv`, stored `[pos][kv_heads][head_dim]`.
-fn attend(
-    q: &[f32],
-    kv: KvView<'_>,
-    kv_heads: usize,
-    kv_head: usize,
-    range: std::ops::Range<usize>,
-    out: &mut [f32],
-) {
-    let d = q.len();
-    let at = |j: usize| j * kv_heads * d + kv_head * d;
-    let scores: Vec<f32> = range
-        .clone()
-        .map(|j| crate::cpu::simd::dot(q, &kv.k[at(j)..at(j) + d]))
-        .collect();
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-    let inv = (1.0 / e.iter().map(|&x| x as f64).sum::<f64>()) as f32;
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for (p, j) in e.iter().zip(range) {
-        let p = p * inv;
-        for (o, &v) in out.iter_mut().zip(&kv.v[at(j)..at(j) + d]) {
-            *o = p.mul_add(v, *o);
         }
     }
 }

@@ -180,7 +180,6 @@ impl CpuRunner {
                     start..p + 1,
                     spec.attn_scale,
                     spec.attn_softcap,
-                    false,
                     out,
                 );
             });

@@ -68,7 +68,6 @@ pub fn attend(
     range: std::ops::Range<usize>,
     scale: f32,
     softcap_at: Option<f32>,
-    round_probs_f16: bool,
     out: &mut [f32],
 ) {
     let d = q.len();
@@ -93,10 +92,7 @@ pub fn attend(
     let inv = (1.0 / sum) as f32;
     out.iter_mut().for_each(|o| *o = 0.0);
     for (s, j) in scores.iter().zip(range) {
-        let mut p = s * inv;
-        if round_probs_f16 {
-            p = half::f16::from_f32(p).to_f32();
-        }
+        let p = s * inv;
         let v = &v_cache[j * stride + kv_head * d..j * stride + kv_head * d + d];
         for (o, &vv) in out.iter_mut().zip(v) {
             *o = p.mul_add(vv, *o);
@@ -137,7 +133,7 @@ mod tests {
         let k = [0.5f32, 0.5];
         let v = [7.0f32, -3.0];
         let mut o = [0.0f32; 2];
-        attend(&q, &k, &v, 1, 0, 0..1, 1.0, None, false, &mut o);
+        attend(&q, &k, &v, 1, 0, 0..1, 1.0, None, &mut o);
         assert_eq!(o, [7.0, -3.0]);
     }
 }
