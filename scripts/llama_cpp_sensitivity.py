@@ -21,3 +21,24 @@ print("batch vs incremental mean abs diff per pos:", [round(float(np.abs(a[i]-b[
 m2 = Llama(model_path=PATH, n_ctx=512, logits_all=True, verbose=False, n_threads=1)
 m2.eval(ctx); c = np.array([m2.scores[i] for i in range(len(ctx))])
 print("2 threads vs 1 thread:", [round(float(np.abs(a[i]-c[i]).mean()),4) for i in range(8)])
+
+# Greedy agreement of llama.cpp with its own reference file when only the prompt's batching
+# changes: the prompt as one batch (how the reference was made) vs token by token.
+import json
+REF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "reference", "gemma3-270m-greedy.json")
+for case in json.load(open(REF)):
+    for mode in ("batch", "token by token"):
+        g = Llama(model_path=PATH, n_ctx=512, logits_all=True, verbose=False, n_threads=2,
+                  n_batch=512 if mode == "batch" else 1)
+        if mode == "batch":
+            g.eval(case["prompt_ids"])
+        else:
+            for t in case["prompt_ids"]:
+                g.eval([t])
+        out = []
+        for _ in range(len(case["greedy_ids"])):
+            t = int(np.argmax(np.array(g.scores[g.n_tokens - 1])))
+            out.append(t)
+            g.eval([t])
+        lead = next((i for i, (x, y) in enumerate(zip(out, case["greedy_ids"])) if x != y), len(out))
+        print(f"{case['prompt'][:32]!r}: prompt {mode}: {lead}/{len(out)} leading tokens equal to the reference")
