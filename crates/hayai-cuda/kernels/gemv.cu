@@ -109,24 +109,34 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
 // holds column 16*(2u + k/4) + 4l + (k%4) as q + 8 (q in -8..7). With this order the four lanes
 // of a row read x as consecutive float4s (no bank conflicts) and a nibble can be turned into a
 // float with one LOP3 + one FADD: bits 0x4B000000 | (w & (0xF << 4e)) is 2^23 + q' 16^e, exact.
-__device__ __forceinline__ float dot_half(uint32_t w, float4 x, float acc) {
-    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0x000Fu)) - 8388616.f, x.x, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0x00F0u)) - 8388736.f, x.y, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0x0F00u)) - 8390656.f, x.z, acc);
-    acc = fmaf(__uint_as_float(0x4B000000u | (w & 0xF000u)) - 8421376.f, x.w, acc);
+// The LOP3 takes one immediate, so the magic 0x4B000000 is kept in a register and the AND-OR is
+// written as one lop3 (LUT for (a & b) | c: (0xF0 & 0xCC) | 0xAA = 0xEA); written in C, the two
+// immediates cost two LOP3 per nibble.
+template <uint32_t MASK>
+__device__ __forceinline__ float nibble_bits(uint32_t w, uint32_t magic) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(MASK), "r"(magic));
+    return __uint_as_float(d);
+}
+
+__device__ __forceinline__ float dot_half(uint32_t w, float4 x, float acc, uint32_t magic) {
+    acc = fmaf(nibble_bits<0x000Fu>(w, magic) - 8388616.f, x.x, acc);
+    acc = fmaf(nibble_bits<0x00F0u>(w, magic) - 8388736.f, x.y, acc);
+    acc = fmaf(nibble_bits<0x0F00u>(w, magic) - 8390656.f, x.z, acc);
+    acc = fmaf(nibble_bits<0xF000u>(w, magic) - 8421376.f, x.w, acc);
     return acc;
 }
 
-__device__ __forceinline__ float dot_group_int4(uint4 w, const float4* xg) {
+__device__ __forceinline__ float dot_group_int4(uint4 w, const float4* xg, uint32_t magic) {
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-    a0 = dot_half(w.x, xg[0], a0);
-    a1 = dot_half(w.x >> 16, xg[4], a1);
-    a2 = dot_half(w.y, xg[8], a2);
-    a3 = dot_half(w.y >> 16, xg[12], a3);
-    a0 = dot_half(w.z, xg[16], a0);
-    a1 = dot_half(w.z >> 16, xg[20], a1);
-    a2 = dot_half(w.w, xg[24], a2);
-    a3 = dot_half(w.w >> 16, xg[28], a3);
+    a0 = dot_half(w.x, xg[0], a0, magic);
+    a1 = dot_half(w.x >> 16, xg[4], a1, magic);
+    a2 = dot_half(w.y, xg[8], a2, magic);
+    a3 = dot_half(w.y >> 16, xg[12], a3, magic);
+    a0 = dot_half(w.z, xg[16], a0, magic);
+    a1 = dot_half(w.z >> 16, xg[20], a1, magic);
+    a2 = dot_half(w.w, xg[24], a2, magic);
+    a3 = dot_half(w.w >> 16, xg[28], a3, magic);
     return (a0 + a1) + (a2 + a3);
 }
 
@@ -146,6 +156,61 @@ __device__ __forceinline__ float dot_chunk_bf16(uint4 w, const float4* xc) {
 #define GEMV_ROWS_PER_BLOCK 64
 #define GEMV_UNROLL 4
 
+__device__ __forceinline__ const uint4* gemv_wrow(const GemvParams& p, int row, int l) {
+    return p.int4 ? (const uint4*)((const uint8_t*)p.w + (size_t)row * (p.cols >> 1)) + l
+                  : (const uint4*)((const uint16_t*)p.w + (size_t)row * p.cols) + l;
+}
+
+// Requests units g0 .. g0 + U - 1 (those below u1) of one row: this lane's 16-byte chunk of each
+// and, for int4, the group scales. Scales stay raw bf16 bits until they are used: converting
+// here would make the thread wait for each scale load in turn.
+template <int U>
+__device__ __forceinline__ void gemv_load_batch(const GemvParams& p, const uint4* wrow,
+                                                const uint16_t* srow, int g0, int u1,
+                                                uint4 (&wv)[U], uint32_t (&sc)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int g = g0 + u;
+        if (g < u1) {
+            wv[u] = ld_stream(wrow + (size_t)g * 4);
+            sc[u] = p.int4 ? srow[g] : 0u;
+        }
+    }
+}
+
+// This lane's part of one row's dot product over units [u0, u1) with x in shared memory. `wv` and
+// `sc` come in holding the batch at u0 (requested by the caller before the prologue); each batch
+// is multiplied while the next one is in flight.
+template <int U>
+__device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* wrow,
+                                              const uint16_t* srow, int u0, int u1, int l,
+                                              const float* xs, uint4 (&wv)[U], uint32_t (&sc)[U]) {
+    const uint32_t magic = 0x4B000000u;
+    float acc = 0.f;
+    for (int g = u0; g < u1; g += U) {
+        uint4 cw[U];
+        uint32_t cs[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            cw[u] = wv[u];
+            cs[u] = sc[u];
+        }
+        gemv_load_batch<U>(p, wrow, srow, g + U, u1, wv, sc);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (g + u < u1) {
+                if (p.int4) {
+                    acc = fmaf(dot_group_int4(cw[u], (const float4*)(xs + (g + u) * 128 + 4 * l), magic),
+                               __uint_as_float(cs[u] << 16), acc);
+                } else {
+                    acc += dot_chunk_bf16(cw[u], (const float4*)(xs + (g + u) * 32 + 8 * l));
+                }
+            }
+        }
+    }
+    return acc;
+}
+
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
@@ -162,53 +227,16 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     const int units = p.int4 ? (p.cols >> 7) : (p.cols >> 5);
     const int per = (units + p.splits - 1) / p.splits;
     const int u0 = s * per, u1 = min(units, u0 + per);
-    const uint4* wrow = p.int4
-        ? (const uint4*)((const uint8_t*)p.w + (size_t)(valid ? row : 0) * (p.cols >> 1)) + l
-        : (const uint4*)((const uint16_t*)p.w + (size_t)(valid ? row : 0) * p.cols) + l;
+    const uint4* wrow = gemv_wrow(p, valid ? row : 0, l);
     const uint16_t* srow = p.scales + (size_t)(valid ? row : 0) * (p.cols >> 7);
     uint4 wv[GEMV_UNROLL];
-    float sc[GEMV_UNROLL];
-#pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; u++) {
-        if (valid && u0 + u < u1) {
-            wv[u] = ld_stream(wrow + (size_t)(u0 + u) * 4);
-            sc[u] = p.int4 ? bf16_to_f32(srow[u0 + u]) : 1.f;
-        }
-    }
+    uint32_t sc[GEMV_UNROLL];
+    if (valid) gemv_load_batch<GEMV_UNROLL>(p, wrow, srow, u0, u1, wv, sc);
 
     gemv_prologue(p, xs, red, p.int4 != 0);
 
     float acc = 0.f;
-    if (valid) {
-        for (int g = u0; g < u1; g += GEMV_UNROLL) {
-            uint4 cw[GEMV_UNROLL];
-            float cs[GEMV_UNROLL];
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                cw[u] = wv[u];
-                cs[u] = sc[u];
-            }
-            // Prefetch the next batch while this one is multiplied.
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                const int gn = g + GEMV_UNROLL + u;
-                if (gn < u1) {
-                    wv[u] = ld_stream(wrow + (size_t)gn * 4);
-                    sc[u] = p.int4 ? bf16_to_f32(srow[gn]) : 1.f;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                if (g + u < u1) {
-                    if (p.int4) {
-                        acc = fmaf(dot_group_int4(cw[u], (const float4*)(xs + (g + u) * 128 + 4 * l)), cs[u], acc);
-                    } else {
-                        acc += dot_chunk_bf16(cw[u], (const float4*)(xs + (g + u) * 32 + 8 * l));
-                    }
-                }
-            }
-        }
-    }
+    if (valid) acc = gemv_row_dot<GEMV_UNROLL>(p, wrow, srow, u0, u1, l, xs, wv, sc);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 1);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
     if (p.glu) {
@@ -245,11 +273,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
 // partials in split order (deterministic) and applies the GeGLU epilogue when asked.
 #define GEMV_P_UNROLL 4
 
-__device__ __forceinline__ const uint4* gemv_wrow(const GemvParams& p, int row, int l) {
-    return p.int4 ? (const uint4*)((const uint8_t*)p.w + (size_t)row * (p.cols >> 1)) + l
-                  : (const uint4*)((const uint16_t*)p.w + (size_t)row * p.cols) + l;
-}
-
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(const GemvParams p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
@@ -264,20 +287,14 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
 
     int item = blockIdx.x * (GEMV_THREADS / 32) + warp;
     uint4 wv[GEMV_P_UNROLL];
-    float sc[GEMV_P_UNROLL];
+    uint32_t sc[GEMV_P_UNROLL];
     // Request the first item's first batch before the prologue.
     if (item < items) {
         const int oct = item / p.splits, s = item % p.splits;
         const int row = min(oct * 8 + quad, p.rows - 1);
         const int u0 = s * per, u1 = min(units, u0 + per);
-        const uint4* wrow = gemv_wrow(p, row, l);
-#pragma unroll
-        for (int u = 0; u < GEMV_P_UNROLL; u++) {
-            if (u0 + u < u1) {
-                wv[u] = ld_stream(wrow + (size_t)(u0 + u) * 4);
-                sc[u] = p.int4 ? bf16_to_f32(p.scales[(size_t)row * groups + u0 + u]) : 1.f;
-            }
-        }
+        gemv_load_batch<GEMV_P_UNROLL>(p, gemv_wrow(p, row, l), p.scales + (size_t)row * groups,
+                                       u0, u1, wv, sc);
     }
     gemv_prologue(p, xs, red, p.int4 != 0);
 
@@ -290,44 +307,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
         const int u0 = s * per, u1 = min(units, u0 + per);
         const uint4* wrow = gemv_wrow(p, row, l);
         const uint16_t* srow = p.scales + (size_t)row * groups;
-        if (!preloaded) {
-#pragma unroll
-            for (int u = 0; u < GEMV_P_UNROLL; u++) {
-                if (u0 + u < u1) {
-                    wv[u] = ld_stream(wrow + (size_t)(u0 + u) * 4);
-                    sc[u] = p.int4 ? bf16_to_f32(srow[u0 + u]) : 1.f;
-                }
-            }
-        }
+        if (!preloaded) gemv_load_batch<GEMV_P_UNROLL>(p, wrow, srow, u0, u1, wv, sc);
         preloaded = false;
-        float acc = 0.f;
-        for (int g = u0; g < u1; g += GEMV_P_UNROLL) {
-            uint4 cw[GEMV_P_UNROLL];
-            float cs[GEMV_P_UNROLL];
-#pragma unroll
-            for (int u = 0; u < GEMV_P_UNROLL; u++) {
-                cw[u] = wv[u];
-                cs[u] = sc[u];
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_P_UNROLL; u++) {
-                const int gn = g + GEMV_P_UNROLL + u;
-                if (gn < u1) {
-                    wv[u] = ld_stream(wrow + (size_t)gn * 4);
-                    sc[u] = p.int4 ? bf16_to_f32(srow[gn]) : 1.f;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_P_UNROLL; u++) {
-                if (g + u < u1) {
-                    if (p.int4) {
-                        acc = fmaf(dot_group_int4(cw[u], (const float4*)(xs + (g + u) * 128 + 4 * l)), cs[u], acc);
-                    } else {
-                        acc += dot_chunk_bf16(cw[u], (const float4*)(xs + (g + u) * 32 + 8 * l));
-                    }
-                }
-            }
-        }
+        float acc = gemv_row_dot<GEMV_P_UNROLL>(p, wrow, srow, u0, u1, l, xs, wv, sc);
         acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 1);
         acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
         if (p.splits == 1) {
