@@ -1,6 +1,7 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [e4b-parity] [bench] [bench-bf16] [bench-bf16-tiled]   (default: all)
+//! usage: gpu_check [parity] [e4b-parity] [bench] [bench-nopdl] [bench-bf16] [bench-bf16-tiled]
+//!        (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,6 +66,19 @@ fn main() {
                     Err(e) => check(name, false, e.to_string()),
                 }
             }
+            // Programmatic dependent launch off (the cases above run with it on sm_90+).
+            let o = CudaOptions {
+                pdl: false,
+                ..opts(Quant::Int4, false)
+            };
+            match parity(&m, &o, &p, 300) {
+                Ok(r) => check(
+                    name,
+                    r.rel_l2 < 1e-4 && r.greedy_identical(),
+                    format!("tiled pdl=off {}", r.line()),
+                ),
+                Err(e) => check(name, false, e.to_string()),
+            }
         }
     }
     if want("e4b-parity") {
@@ -84,17 +98,21 @@ fn main() {
             println!("  ({:.1} s)", t.elapsed().as_secs_f64());
         }
     }
-    // (quant, persistent GEMV) pairs to benchmark.
+    // (quant, persistent GEMV, programmatic dependent launch) to benchmark.
     let mut runs = Vec::new();
     if want("bench") {
-        runs.push((Quant::Int4, true));
-        runs.push((Quant::Int4, false));
+        runs.push((Quant::Int4, true, true));
+        runs.push((Quant::Int4, false, true));
+    }
+    if want("bench-nopdl") {
+        runs.push((Quant::Int4, true, false));
+        runs.push((Quant::Int4, false, false));
     }
     if want("bench-bf16") {
-        runs.push((Quant::Bf16, true));
+        runs.push((Quant::Bf16, true, true));
     }
     if want("bench-bf16-tiled") {
-        runs.push((Quant::Bf16, false));
+        runs.push((Quant::Bf16, false, true));
     }
     if !runs.is_empty() {
         let t = Instant::now();
@@ -103,10 +121,11 @@ fn main() {
             "e4b synthetic model built in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        for (q, persistent) in runs {
+        for (q, persistent, pdl) in runs {
             let o = BenchOptions {
                 quant: q,
                 persistent_gemv: persistent,
+                pdl,
                 ..Default::default()
             };
             match bench_engine(m.clone(), &o) {

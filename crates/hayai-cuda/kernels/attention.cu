@@ -82,6 +82,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     __shared__ float tile_m, tile_corr, tile_sum;
     const int s = blockIdx.x, h = blockIdx.y;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    // Everything below depends on the position, the projections or the KV cache, all written
+    // by earlier kernels: nothing to do before the wait.
+    pdl_launch_dependents();
+    pdl_wait();
     const int pos = *p.pos;
     const int n_keys = p.window > 0 ? min(pos + 1, p.window) : pos + 1;
     const int first = pos + 1 - n_keys;

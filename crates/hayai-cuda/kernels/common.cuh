@@ -45,3 +45,24 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 
 // Streaming 16-byte load of weights that are read once per step.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __ldcs(p); }
+
+// Programmatic dependent launch (sm_90+, where the host launches the decode kernels with
+// programmatic stream serialization). Every kernel calls pdl_launch_dependents early, so the
+// next kernel's blocks can be scheduled while this one runs, and every thread calls pdl_wait
+// before it reads anything an earlier kernel of the step writes (activations, partials,
+// counters, KV cache, step_io, logits) and before its first global write. pdl_wait returns once
+// the previous kernel has completed and its writes are visible; since every kernel waits before
+// it finishes, that kernel's completion implies all earlier ones'. Before the wait only constant
+// data (weights, scales, norm weights, inv_freq, tables) may be read. Below sm_90 both are
+// no-ops and launches are plainly stream-ordered.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

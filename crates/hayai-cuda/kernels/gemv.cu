@@ -162,8 +162,9 @@ __device__ __forceinline__ const uint4* gemv_wrow(const GemvParams& p, int row, 
 }
 
 // Requests units g0 .. g0 + U - 1 (those below u1) of one row: this lane's 16-byte chunk of each
-// and, for int4, the group scales. Scales stay raw bf16 bits until they are used: converting
-// here would make the thread wait for each scale load in turn.
+// and, for int4, the group scales. Both are constant, so this may run before pdl_wait. Scales
+// stay raw bf16 bits until they are used: converting here would make the thread wait for each
+// scale load in turn.
 template <int U>
 __device__ __forceinline__ void gemv_load_batch(const GemvParams& p, const uint4* wrow,
                                                 const uint16_t* srow, int g0, int u1,
@@ -215,6 +216,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     extern __shared__ float xs[];
     __shared__ float red[32];
     __shared__ int last;
+    pdl_launch_dependents();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int quad = lane >> 2, l = lane & 3;
@@ -222,8 +224,8 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     const bool valid = row < p.rows;
     const int s = blockIdx.y;
     // Units are 128-column groups (int4) or 32-column chunks (bf16); each is one 16-byte load
-    // per lane. The first batch of weights is requested before the prologue so its memory
-    // latency overlaps the prologue's work.
+    // per lane. The first batch of weights is requested before the prologue (and before the
+    // wait for the previous kernel) so its memory latency overlaps that.
     const int units = p.int4 ? (p.cols >> 7) : (p.cols >> 5);
     const int per = (units + p.splits - 1) / p.splits;
     const int u0 = s * per, u1 = min(units, u0 + per);
@@ -233,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     uint32_t sc[GEMV_UNROLL];
     if (valid) gemv_load_batch<GEMV_UNROLL>(p, wrow, srow, u0, u1, wv, sc);
 
+    pdl_wait();
     gemv_prologue(p, xs, red, p.int4 != 0);
 
     float acc = 0.f;
@@ -276,6 +279,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(const GemvParams p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int quad = lane >> 2, l = lane & 3;
     const int octets = (p.rows + 7) >> 3;
@@ -288,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
     int item = blockIdx.x * (GEMV_THREADS / 32) + warp;
     uint4 wv[GEMV_P_UNROLL];
     uint32_t sc[GEMV_P_UNROLL];
-    // Request the first item's first batch before the prologue.
+    // Request the first item's first batch before the prologue and the wait.
     if (item < items) {
         const int oct = item / p.splits, s = item % p.splits;
         const int row = min(oct * 8 + quad, p.rows - 1);
@@ -296,6 +300,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
         gemv_load_batch<GEMV_P_UNROLL>(p, gemv_wrow(p, row, l), p.scales + (size_t)row * groups,
                                        u0, u1, wv, sc);
     }
+    pdl_wait();
     gemv_prologue(p, xs, red, p.int4 != 0);
 
     bool preloaded = true;

@@ -21,6 +21,8 @@ pub struct BenchOptions {
     pub runs: usize,
     /// See [`CudaOptions::persistent_gemv`].
     pub persistent_gemv: bool,
+    /// See [`CudaOptions::pdl`].
+    pub pdl: bool,
 }
 
 impl Default for BenchOptions {
@@ -32,6 +34,7 @@ impl Default for BenchOptions {
             device_ordinal: 0,
             runs: 3,
             persistent_gemv: false,
+            pdl: true,
         }
     }
 }
@@ -49,6 +52,8 @@ pub struct BenchReport {
     pub gpu: String,
     pub quant: Quant,
     pub persistent_gemv: bool,
+    /// Programmatic dependent launch was in effect (asked for, and the GPU is sm_90+).
+    pub pdl: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -72,7 +77,7 @@ impl BenchReport {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         s += &format!(
-            "gpu: {}\nquant: {}  gemv: {}  prompt: {}  gen: {}\n",
+            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
             if self.persistent_gemv {
@@ -80,6 +85,7 @@ impl BenchReport {
             } else {
                 "tiled"
             },
+            if self.pdl { "on" } else { "off" },
             self.prompt_len,
             self.gen
         );
@@ -164,6 +170,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             device_ordinal: opts.device_ordinal,
             use_graph: true,
             persistent_gemv: opts.persistent_gemv,
+            pdl: opts.pdl,
         },
     )?;
     let prompt = bench_prompt(opts.prompt_len.max(1), vocab);
@@ -218,6 +225,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         gpu: r.gpu_name().to_string(),
         quant: opts.quant,
         persistent_gemv: opts.persistent_gemv,
+        pdl: r.gpu().pdl,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

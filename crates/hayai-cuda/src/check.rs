@@ -137,9 +137,9 @@ pub fn graph_matches_eager(
             CudaOptions {
                 quant,
                 max_context: Some(prompt.len() + 1),
-                device_ordinal: 0,
                 use_graph,
                 persistent_gemv,
+                ..Default::default()
             },
         )?;
         out.push(all_logits(&mut r, prompt)?);

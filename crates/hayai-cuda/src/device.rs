@@ -50,6 +50,10 @@ pub(crate) struct Gpu {
     funcs: HashMap<&'static str, CudaFunction>,
     pub name: String,
     pub sm_count: i32,
+    /// Compute capability major version (9 on Hopper).
+    pub cc_major: i32,
+    /// Launch the decode kernels with programmatic dependent launch (needs `cc_major >= 9`).
+    pub pdl: bool,
 }
 
 pub(crate) const KERNELS: &[&str] = &[
@@ -86,6 +90,9 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv)?;
+        let cc_major = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .map_err(drv)?;
         Ok(Gpu {
             ctx,
             stream,
@@ -93,7 +100,15 @@ impl Gpu {
             funcs,
             name,
             sm_count,
+            cc_major,
+            pdl: false,
         })
+    }
+
+    /// Use programmatic dependent launch where the GPU has it (sm_90+) and `on` asks for it.
+    pub fn with_pdl(mut self, on: bool) -> Gpu {
+        self.pdl = on && self.cc_major >= 9;
+        self
     }
 
     pub fn bind(&self) -> Result<(), CudaError> {

@@ -52,6 +52,10 @@ pub struct CudaOptions {
     pub device_ordinal: usize,
     /// Replay the step as a CUDA graph (default); off launches kernels one by one (for checks).
     pub use_graph: bool,
+    /// Programmatic dependent launch on sm_90+ (default): a decode kernel may start while the
+    /// previous one finishes, requesting its weights before it waits for the previous results.
+    /// Ignored on older GPUs.
+    pub pdl: bool,
     /// GEMV kernel: persistent (grid the GPU holds at once, prologue once per block, warps loop
     /// over row octets) or tiled (one 64-row tile per block).
     pub persistent_gemv: bool,
@@ -64,6 +68,7 @@ impl Default for CudaOptions {
             max_context: None,
             device_ordinal: 0,
             use_graph: true,
+            pdl: true,
             // Measured on the H200 (docs/performance.md): the tiled kernel is ~7% faster.
             persistent_gemv: false,
         }
@@ -208,6 +213,18 @@ pub(crate) struct BwParams {
     pub sink: u64,
 }
 
+/// Kernels written for programmatic dependent launch: each calls `pdl_wait` (kernels/common.cuh)
+/// in every thread before it reads anything an earlier kernel writes and before any global write.
+/// Only these get the launch attribute; any other kernel launches plainly.
+const PDL_KERNELS: &[&str] = &[
+    "gemv",
+    "gemv_persistent",
+    "attn_split",
+    "argmax_stage1",
+    "argmax_stage2",
+    "ple_combine",
+];
+
 /// One recorded kernel launch of the decode plan.
 pub(crate) struct Launch {
     pub label: &'static str,
@@ -216,6 +233,8 @@ pub(crate) struct Launch {
     block: u32,
     smem: u32,
     params: Vec<u64>,
+    /// The kernel may be launched with programmatic stream serialization.
+    pdl: bool,
 }
 
 impl Launch {
@@ -245,11 +264,42 @@ impl Launch {
             block,
             smem,
             params,
+            pdl: PDL_KERNELS.contains(&kernel),
         }
     }
 
+    /// Launch on the GPU's stream; with programmatic dependent launch where the GPU and the
+    /// kernel allow it (the kernel may then start before the previous one has finished and
+    /// waits for it in `pdl_wait`). Stream capture records that as a programmatic graph edge.
     pub fn run(&self, gpu: &Gpu) -> Result<(), CudaError> {
         let mut args = [self.params.as_ptr() as *mut std::ffi::c_void];
+        if self.pdl && gpu.pdl {
+            // SAFETY: an all-zero attribute is valid plain data; the id and the union member
+            // set below belong together (programmatic stream serialization).
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: self.grid.0,
+                gridDimY: self.grid.1,
+                gridDimZ: self.grid.2,
+                blockDimX: self.block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: self.smem,
+                hStream: gpu.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: `cfg`, `attr` and the parameter block outlive the call (the driver copies
+            // the parameters at launch); the parameter block mirrors the kernel's struct.
+            return unsafe {
+                sys::cuLaunchKernelEx(&cfg, self.func, args.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(drv);
+        }
         unsafe {
             cudarc::driver::result::launch_kernel(
                 self.func,
@@ -447,7 +497,7 @@ impl CudaRunner {
         let spec = &model.spec;
         spec.validate().map_err(ModelError::Config)?;
         check_supported(spec)?;
-        let gpu = Gpu::new(opts.device_ordinal)?;
+        let gpu = Gpu::new(opts.device_ordinal)?.with_pdl(opts.pdl);
         gpu.bind()?;
         let max_ctx = opts
             .max_context
