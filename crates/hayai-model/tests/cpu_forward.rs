@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use hayai_model::cpu::CpuRunner;
+use hayai_model::cpu::{CpuRunner, MatmulInputs};
 use hayai_model::random::{random_model, tiny_spec};
 use hayai_model::{Arch, ModelError, Rows, Runner};
 
@@ -104,4 +104,50 @@ fn sliding_window_limits_what_a_position_sees() {
         0.0,
         "position 8 must not see position 0"
     );
+}
+
+/// The rounded-input modes (CPU twins of the GPU's tensor-core prefill) really round: bf16
+/// moves the logits by a small amount, the bf16 pair by far less; each is deterministic and
+/// chunk-independent, and switching back to f32 restores the reference bit for bit.
+#[test]
+fn matmul_input_rounding_modes() {
+    for arch in [Arch::Gemma3, Arch::Gemma4] {
+        let model = Arc::new(random_model(&tiny_spec(arch), 11));
+        let toks: Vec<u32> = (0..40u32).map(|i| (i * 53 + 3) % 300).collect();
+        let exact = logits_all(&mut CpuRunner::new(model.clone()).unwrap(), &toks);
+        let rel = |x: &[Vec<f32>]| {
+            let (mut num, mut den) = (0f64, 0f64);
+            for (a, b) in x.iter().flatten().zip(exact.iter().flatten()) {
+                num += ((a - b) as f64).powi(2);
+                den += (*b as f64).powi(2);
+            }
+            (num / den).sqrt()
+        };
+        let mut r = CpuRunner::new(model.clone()).unwrap();
+        let mut rels = Vec::new();
+        for mode in [MatmulInputs::Bf16, MatmulInputs::Bf16Pair] {
+            r.set_matmul_inputs(mode);
+            r.truncate(0);
+            let rounded = logits_all(&mut r, &toks);
+            rels.push(rel(&rounded));
+            // Chunk-independent: the same tokens in two pieces.
+            r.truncate(0);
+            let mut two = logits_all(&mut r, &toks[..17]);
+            two.extend(logits_all(&mut r, &toks[17..]));
+            assert_eq!(two, rounded, "{arch:?} {mode:?}");
+        }
+        assert!(
+            rels[0] > 1e-5 && rels[0] < 0.5,
+            "{arch:?}: bf16 rel L2 {}",
+            rels[0]
+        );
+        assert!(
+            rels[1] > 0.0 && rels[1] < rels[0] / 20.0,
+            "{arch:?}: {rels:?}"
+        );
+
+        r.set_matmul_inputs(MatmulInputs::F32);
+        r.truncate(0);
+        assert_eq!(logits_all(&mut r, &toks), exact, "{arch:?}");
+    }
 }

@@ -9,8 +9,9 @@ use rayon::prelude::*;
 
 use super::ops::{attend, gelu_tanh, rms_norm_rows, rope, softcap};
 use crate::runner::{Rows, Runner, RunnerInfo};
-use crate::weights::Model;
+use crate::weights::{Matrix, Model};
 use crate::ModelError;
+use half::bf16;
 
 /// Tokens processed together in one pass through the layers (bounds activation memory).
 const CHUNK: usize = 128;
@@ -31,6 +32,40 @@ pub struct CpuRunner {
     inv_freq: Vec<Vec<f32>>,
     /// Final-normed hidden states of the tokens fed by the last `forward` call.
     hidden: Vec<f32>,
+    /// How the input of every matrix product is rounded (see [`MatmulInputs`]).
+    inputs: MatmulInputs,
+}
+
+/// Rounding of matrix-product inputs: the CPU twins of the GPU prefill's tensor-core GEMMs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulInputs {
+    /// f32 as computed (the reference).
+    #[default]
+    F32,
+    /// Rounded to bf16, nearest even (the GPU's default batched prefill).
+    Bf16,
+    /// bf16(v) + bf16(v - bf16(v)): the GPU's precise prefill, which multiplies both parts.
+    Bf16Pair,
+}
+
+impl MatmulInputs {
+    fn apply(self, v: f32) -> f32 {
+        let hi = bf16::from_f32(v).to_f32();
+        match self {
+            MatmulInputs::F32 => v,
+            MatmulInputs::Bf16 => hi,
+            MatmulInputs::Bf16Pair => hi + bf16::from_f32(v - hi).to_f32(),
+        }
+    }
+}
+
+/// `w · xs`, the inputs first rounded as `inputs` says.
+fn mm(w: &Matrix, xs: &[f32], ys: &mut [f32], inputs: MatmulInputs) {
+    if inputs == MatmulInputs::F32 {
+        return w.matmul(xs, ys);
+    }
+    let r: Vec<f32> = xs.par_iter().map(|&v| inputs.apply(v)).collect();
+    w.matmul(&r, ys)
 }
 
 impl CpuRunner {
@@ -58,7 +93,15 @@ impl CpuRunner {
             len: 0,
             inv_freq,
             hidden: Vec::new(),
+            inputs: MatmulInputs::F32,
         })
+    }
+
+    /// Round the input of every matrix product before multiplying ([`MatmulInputs`]): with the
+    /// weights as the GPU holds them, this makes the reference the CPU twin of a GPU prefill
+    /// whose GEMMs take bf16 activations on tensor cores. The default is the plain f32 reference.
+    pub fn set_matmul_inputs(&mut self, inputs: MatmulInputs) {
+        self.inputs = inputs;
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -97,7 +140,7 @@ impl CpuRunner {
         let (n, nl, d) = (tokens.len(), spec.n_layers(), ps.dim);
         let width = nl * d;
         let mut ctx = vec![0.0f32; n * width];
-        pw.model_proj.matmul(x0, &mut ctx);
+        mm(&pw.model_proj, x0, &mut ctx, self.inputs);
         let proj_scale = (spec.hidden as f32).powf(-0.5);
         ctx.iter_mut().for_each(|v| *v *= proj_scale);
         rms_norm_rows(&mut ctx, d, Some(&pw.proj_norm), spec.rms_eps);
@@ -122,6 +165,7 @@ impl CpuRunner {
         let mut x = self.embed(tokens);
         let ple = self.per_layer_inputs(tokens, &x);
 
+        let round = self.inputs;
         let mut a = vec![0.0f32; n * h];
         for (li, (ls, lw)) in spec.layers.iter().zip(&w.layers).enumerate() {
             let (hd, nh, nkv) = (ls.head_dim, ls.n_heads, ls.n_kv_heads);
@@ -129,7 +173,7 @@ impl CpuRunner {
             a.copy_from_slice(&x);
             rms_norm_rows(&mut a, h, Some(&lw.attn_norm), eps);
             let mut q = vec![0.0f32; n * nh * hd];
-            lw.q.matmul(&a, &mut q);
+            mm(&lw.q, &a, &mut q, round);
             rms_norm_rows(&mut q, hd, Some(&lw.q_norm), eps);
             let inv_freq = &self.inv_freq[li];
             for (t, qt) in q.chunks_exact_mut(nh * hd).enumerate() {
@@ -141,8 +185,8 @@ impl CpuRunner {
                 let (wk, wv) = (lw.k.as_ref().unwrap(), lw.v.as_ref().unwrap());
                 let mut k = vec![0.0f32; n * nkv * hd];
                 let mut v = vec![0.0f32; n * nkv * hd];
-                wk.matmul(&a, &mut k);
-                wv.matmul(&a, &mut v);
+                mm(wk, &a, &mut k, round);
+                mm(wv, &a, &mut v, round);
                 rms_norm_rows(&mut k, hd, lw.k_norm.as_deref(), eps);
                 if spec.v_norm {
                     rms_norm_rows(&mut v, hd, None, eps);
@@ -184,7 +228,7 @@ impl CpuRunner {
                 );
             });
             let mut o = vec![0.0f32; n * h];
-            lw.o.matmul(&attn, &mut o);
+            mm(&lw.o, &attn, &mut o, round);
             rms_norm_rows(&mut o, h, Some(&lw.post_attn_norm), eps);
             x.iter_mut().zip(&o).for_each(|(xv, ov)| *xv += ov);
 
@@ -194,13 +238,13 @@ impl CpuRunner {
             let im = ls.intermediate;
             let mut g = vec![0.0f32; n * im];
             let mut u = vec![0.0f32; n * im];
-            lw.gate.matmul(&a, &mut g);
-            lw.up.matmul(&a, &mut u);
+            mm(&lw.gate, &a, &mut g, round);
+            mm(&lw.up, &a, &mut u, round);
             g.par_iter_mut()
                 .zip(&u)
                 .for_each(|(gv, uv)| *gv = gelu_tanh(*gv) * uv);
             let mut d = vec![0.0f32; n * h];
-            lw.down.matmul(&g, &mut d);
+            mm(&lw.down, &g, &mut d, round);
             rms_norm_rows(&mut d, h, Some(&lw.post_ffn_norm), eps);
             x.iter_mut().zip(&d).for_each(|(xv, dv)| *xv += dv);
 
@@ -209,7 +253,7 @@ impl CpuRunner {
                 let pd = ps.dim;
                 let width = spec.n_layers() * pd;
                 let mut gg = vec![0.0f32; n * pd];
-                lp.gate.matmul(&x, &mut gg);
+                mm(&lp.gate, &x, &mut gg, round);
                 for t in 0..n {
                     let pin = &ple[t * width + li * pd..t * width + (li + 1) * pd];
                     for (gv, &pv) in gg[t * pd..(t + 1) * pd].iter_mut().zip(pin) {
@@ -217,7 +261,7 @@ impl CpuRunner {
                     }
                 }
                 let mut pr = vec![0.0f32; n * h];
-                lp.proj.matmul(&gg, &mut pr);
+                mm(&lp.proj, &gg, &mut pr, round);
                 rms_norm_rows(&mut pr, h, Some(&lp.post_norm), eps);
                 x.iter_mut().zip(&pr).for_each(|(xv, pv)| *xv += pv);
             }
@@ -233,7 +277,7 @@ impl CpuRunner {
     /// Logits of hidden rows `hs` (`m × hidden`) into `out` (`m × vocab`), softcapped.
     fn logits(&self, hs: &[f32], out: &mut [f32]) {
         let spec = &self.model.spec;
-        self.model.weights.lm_head().matmul(hs, out);
+        mm(self.model.weights.lm_head(), hs, out, self.inputs);
         if let Some(c) = spec.final_softcap {
             out.par_iter_mut().for_each(|v| *v = softcap(*v, c));
         }
