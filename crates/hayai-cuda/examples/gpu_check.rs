@@ -1,13 +1,13 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [e4b-parity] [bench] [bench-nopdl] [bench-bf16] [bench-bf16-tiled]
-//!        (default: all)
+//! usage: gpu_check [parity] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench] [bench]
+//!        [bench-nopdl] [bench-bf16] [bench-bf16-tiled]   (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use hayai_cuda::bench::{bench_engine, BenchOptions};
-use hayai_cuda::check::{graph_matches_eager, parity};
+use hayai_cuda::check::{graph_matches_eager, parity, prefill_parity};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
 use hayai_cuda::{CudaOptions, Quant};
 use hayai_model::random::random_model;
@@ -19,6 +19,15 @@ fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
         persistent_gemv,
         ..Default::default()
     }
+}
+
+/// Batched prefill: the precise mode within 1e-3 (rel L2) of its CPU twin with argmax flips on
+/// at most 1 row in 50, and chunking changes nothing. (The default mode's distance to
+/// its CPU twin is printed: random-weight models amplify bf16 rounding chaotically.)
+fn prefill_ok(r: &hayai_cuda::check::PrefillReport) -> bool {
+    r.precise
+        .is_some_and(|(_, rel, mism)| rel < 1e-3 && mism * 50 <= r.twin.prompt_len)
+        && r.chunking_invariant
 }
 
 fn main() {
@@ -96,6 +105,79 @@ fn main() {
                 Err(e) => check("e4b", false, e.to_string()),
             }
             println!("  ({:.1} s)", t.elapsed().as_secs_f64());
+        }
+    }
+    if want("prefill") {
+        // Batched (tensor-core) prefill vs the CPU reference: 300 tokens cross a chunk boundary
+        // and the small models' 8-token sliding window many times.
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let m = random_model(&small_spec(arch), seed);
+            let p = hayai_cuda::bench::bench_prompt(300, m.spec.vocab);
+            for q in [Quant::Bf16, Quant::Int4] {
+                match prefill_parity(&m, &opts(q, false), &p, 64, true) {
+                    Ok(r) => check(name, prefill_ok(&r), r.line()),
+                    Err(e) => check(name, false, e.to_string()),
+                }
+            }
+        }
+    }
+    if want("prefill-e4b") {
+        let t = Instant::now();
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(18, m.spec.vocab);
+        for q in [Quant::Bf16, Quant::Int4] {
+            match prefill_parity(&m, &opts(q, false), &p, 2, true) {
+                Ok(r) => check("e4b", prefill_ok(&r), r.line()),
+                Err(e) => check("e4b", false, e.to_string()),
+            }
+        }
+        println!("  ({:.1} s)", t.elapsed().as_secs_f64());
+    }
+    if want("prefill-bench") {
+        // Prompt processing speed on E4B shapes: Rows::Last forward of n tokens (n - 1 batched,
+        // the last through the decode graph), best of 3 after a warm-up.
+        let m = Arc::new(random_model_bf16(&e4b_spec(), 7));
+        for q in [Quant::Int4, Quant::Bf16] {
+            let o = CudaOptions {
+                quant: q,
+                max_context: Some(4200),
+                ..Default::default()
+            };
+            let mut r = match hayai_cuda::CudaRunner::new(m.clone(), o) {
+                Ok(r) => r,
+                Err(e) => {
+                    check("prefill-bench", false, e.to_string());
+                    continue;
+                }
+            };
+            for n in [128usize, 512, 1024, 4096] {
+                let p = hayai_cuda::bench::bench_prompt(n, m.spec.vocab);
+                let mut best = f64::INFINITY;
+                for _ in 0..4 {
+                    hayai_model::Runner::truncate(&mut r, 0);
+                    let t = Instant::now();
+                    let res = hayai_model::Runner::forward(
+                        &mut r,
+                        &p,
+                        hayai_model::Rows::Last,
+                        &mut |_, _| {},
+                    );
+                    if let Err(e) = res {
+                        check("prefill-bench", false, e.to_string());
+                        break;
+                    }
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                println!(
+                    "prefill e4b {} {n} tokens: {:.1} ms, {:.0} tok/s",
+                    q.name(),
+                    best * 1e3,
+                    n as f64 / best
+                );
+            }
         }
     }
     // (quant, persistent GEMV, programmatic dependent launch) to benchmark.

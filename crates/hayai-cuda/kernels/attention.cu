@@ -6,6 +6,7 @@
 // cap); KV-shared layers simply pass their donor's cache. Head dims that are multiples of 128 up
 // to 512.
 #include "common.cuh"
+#include "rope.cuh"
 
 struct AttnParams {
     const float* q;        // [nh][hd]
@@ -28,47 +29,11 @@ struct AttnParams {
     float eps;
 };
 
-// RMSNorm (optional weight) + optional RoPE of one head from `src` into shared `dst`.
-__device__ void norm_rope_head(const float* src, float* dst, const float* w, const float* inv_freq,
-                               int hd, int pos, bool norm, float eps, float* red) {
-    const int half = hd >> 1;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        const float v = src[i];
-        dst[i] = v;
-        ss += v * v;
-    }
-    const float tot = block_sum(ss, red);
-    const float r = norm ? rsqrtf(tot / (float)hd + eps) : 1.f;
-    __syncthreads();
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float a = dst[i], c = dst[i + half];
-        if (norm) {
-            a *= r;
-            c *= r;
-            if (w) {
-                a *= w[i];
-                c *= w[i + half];
-            }
-        }
-        if (inv_freq) {
-            float sn, cs;
-            sincosf((float)pos * inv_freq[i], &sn, &cs);
-            const float a2 = a * cs - c * sn;
-            c = c * cs + a * sn;
-            a = a2;
-        }
-        dst[i] = a;
-        dst[i + half] = c;
-    }
-    __syncthreads();
-}
-
 #define ATTN_THREADS 128
 #define ATTN_TILE 32
 #define ATTN_MAX_SPLITS 128
 
-__device__ void attn_combine_head(const AttnParams& p, int h);
+__device__ void attn_combine_head(const AttnParams& p, int h, int splits);
 
 // Loads of a tile are issued together (keys unrolled by 4 in the q.k phase, by 8 in the
 // p.V phase) so a block waits for a few memory round trips, not one per key.
@@ -84,12 +49,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     // Everything below depends on the position, the projections or the KV cache, all written
     // by earlier kernels: nothing to do before the wait.
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     const int pos = *p.pos;
     const int n_keys = p.window > 0 ? min(pos + 1, p.window) : pos + 1;
     const int first = pos + 1 - n_keys;
-    const int chunk = (n_keys + p.splits - 1) / p.splits;
+    const int splits = p.splits;
+    const int chunk = (n_keys + splits - 1) / splits;
     const int k0 = s * chunk, k1 = min(n_keys, k0 + chunk);
     const int g = h / (p.nh / p.nkv);
     const int nv = p.hd >> 7;  // float4s per lane for the q.k dot
@@ -215,27 +181,27 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     __shared__ int is_last;
     __threadfence();
     __syncthreads();
-    if (t == 0) is_last = atomicAdd(p.counters + h, 1) == p.splits - 1;
+    if (t == 0) is_last = atomicAdd(p.counters + h, 1) == splits - 1;
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    attn_combine_head(p, h);
+    attn_combine_head(p, h, splits);
     if (t == 0) p.counters[h] = 0;
 }
 
 
 // Merge the splits of head h (128 threads). Split weights are computed once into shared
 // memory, then every thread adds its dims over the splits with independent loads.
-__device__ void attn_combine_head(const AttnParams& p, int h) {
+__device__ void attn_combine_head(const AttnParams& p, int h, int splits) {
     __shared__ float wsh[ATTN_MAX_SPLITS];
     __shared__ float inv_l;
     const int t = threadIdx.x, nv = p.hd >> 7;
     if (t < 32) {
         float mx = -INFINITY;
-        for (int s = t; s < p.splits; s += 32) mx = fmaxf(mx, __ldcg(p.part_ml + 2 * ((size_t)h * p.splits + s)));
+        for (int s = t; s < splits; s += 32) mx = fmaxf(mx, __ldcg(p.part_ml + 2 * ((size_t)h * p.splits + s)));
         mx = warp_max(mx);
         float L = 0.f;
-        for (int s = t; s < p.splits; s += 32) {
+        for (int s = t; s < splits; s += 32) {
             const size_t pi = (size_t)h * p.splits + s;
             const float ms = __ldcg(p.part_ml + 2 * pi);
             const float e = ms == -INFINITY ? 0.f : expf(ms - mx);
@@ -248,7 +214,7 @@ __device__ void attn_combine_head(const AttnParams& p, int h) {
     __syncthreads();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
-    for (int s = 0; s < p.splits; s++) {
+    for (int s = 0; s < splits; s++) {
         const float e = wsh[s];
         const float* a = p.part_acc + ((size_t)h * p.splits + s) * p.hd + t;
 #pragma unroll

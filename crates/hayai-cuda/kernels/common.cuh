@@ -47,8 +47,10 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __ldcs(p); }
 
 // Programmatic dependent launch (sm_90+, where the host launches the decode kernels with
-// programmatic stream serialization). Every kernel calls pdl_launch_dependents early, so the
-// next kernel's blocks can be scheduled while this one runs, and every thread calls pdl_wait
+// programmatic stream serialization). Every kernel calls pdl_launch_dependents right after its
+// wait, so the next kernel's blocks can be scheduled (and request their weights) while this one
+// runs, but no kernel further ahead: a trigger before the wait let whole chains of future
+// kernels occupy the GPU and measured slower. Every thread calls pdl_wait
 // before it reads anything an earlier kernel of the step writes (activations, partials,
 // counters, KV cache, step_io, logits) and before its first global write. pdl_wait returns once
 // the previous kernel has completed and its writes are visible; since every kernel waits before

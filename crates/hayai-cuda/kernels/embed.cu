@@ -15,10 +15,10 @@ struct PleParams {
 // grid: n_layers blocks of `dim` threads (dim <= 1024).
 extern "C" __global__ void ple_combine(const PleParams p) {
     __shared__ float red[32];
-    pdl_launch_dependents();
     const int j = blockIdx.x * p.dim + threadIdx.x;
     const float nw = p.norm_w[threadIdx.x];  // constant: read before the wait
     pdl_wait();  // ctx and the token id come from earlier kernels
+    pdl_launch_dependents();
     float c = 0.f;
     for (int s = 0; s < p.splits; s++) c += p.ctx[(size_t)s * p.ld + j];
     c *= p.ctx_scale;

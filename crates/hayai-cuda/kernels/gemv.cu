@@ -216,7 +216,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     extern __shared__ float xs[];
     __shared__ float red[32];
     __shared__ int last;
-    pdl_launch_dependents();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int quad = lane >> 2, l = lane & 3;
@@ -236,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     if (valid) gemv_load_batch<GEMV_UNROLL>(p, wrow, srow, u0, u1, wv, sc);
 
     pdl_wait();
+    pdl_launch_dependents();
     gemv_prologue(p, xs, red, p.int4 != 0);
 
     float acc = 0.f;
@@ -279,7 +279,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(const GemvParams p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
-    pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int quad = lane >> 2, l = lane & 3;
     const int octets = (p.rows + 7) >> 3;
@@ -301,6 +300,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
                                        u0, u1, wv, sc);
     }
     pdl_wait();
+    pdl_launch_dependents();
     gemv_prologue(p, xs, red, p.int4 != 0);
 
     bool preloaded = true;

@@ -49,8 +49,8 @@ __device__ void block_argmax(float& bv, int& bi) {
 }
 
 extern "C" __global__ void argmax_stage1(const ArgmaxParams p) {
-    pdl_launch_dependents();
     pdl_wait();  // the logits come from the lm_head GEMV
+    pdl_launch_dependents();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x) {
@@ -70,8 +70,8 @@ extern "C" __global__ void argmax_stage1(const ArgmaxParams p) {
 
 // One block over the stage-1 results.
 extern "C" __global__ void argmax_stage2(const ArgmaxParams p) {
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     const int blocks = p.blocks;
     float bv = -INFINITY;
     int bi = 0x7fffffff;

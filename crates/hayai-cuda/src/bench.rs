@@ -171,6 +171,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             use_graph: true,
             persistent_gemv: opts.persistent_gemv,
             pdl: opts.pdl,
+            ..Default::default()
         },
     )?;
     let prompt = bench_prompt(opts.prompt_len.max(1), vocab);

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use hayai_model::cpu::CpuRunner;
+use hayai_model::cpu::{CpuRunner, MatmulInputs};
 use hayai_model::{argmax, Model, Rows, Runner};
 
 use crate::quant::{quantize_model_int4, round_model_bf16};
@@ -72,8 +72,160 @@ fn greedy(r: &mut dyn Runner, first: u32, steps: usize) -> Result<Vec<u32>, Cuda
     Ok(out)
 }
 
+/// Compare every prompt logit row: (max |d|, max |ref|, rel L2, argmax mismatches).
+fn compare_rows(g: &[Vec<f32>], c: &[Vec<f32>]) -> (f32, f32, f64, usize) {
+    let (mut max_abs, mut max_ref, mut num, mut den, mut mism) = (0f32, 0f32, 0f64, 0f64, 0);
+    for (gr, cr) in g.iter().zip(c) {
+        for (&a, &b) in gr.iter().zip(cr) {
+            let d = a - b;
+            max_abs = max_abs.max(if d.is_nan() { f32::INFINITY } else { d.abs() });
+            max_ref = max_ref.max(b.abs());
+            num += (d as f64) * (d as f64);
+            den += (b as f64) * (b as f64);
+        }
+        if argmax(gr) != argmax(cr) {
+            mism += 1;
+        }
+    }
+    if g.len() != c.len() {
+        mism += g.len().abs_diff(c.len());
+    }
+    (max_abs, max_ref, (num / den.max(1e-30)).sqrt(), mism)
+}
+
+/// The batched (tensor-core) prefill against its CPU twins.
+#[derive(Clone, Debug)]
+pub struct PrefillReport {
+    /// Against the twin: the CPU reference on the GPU's prefill operands (bf16 weights as the
+    /// GEMMs see them, every matrix-product input rounded to bf16), then f32 decoding.
+    pub twin: ParityReport,
+    /// Precise mode (`CudaOptions::precise_prefill`, GEMM inputs as a bf16 pair) against its CPU
+    /// twin (`MatmulInputs::Bf16Pair` on the same weights): (max |d|, rel L2, argmax mismatches).
+    /// Both round identically, so what is left is summation order, as on the decode path; the
+    /// default mode's distance to its twin is not a tight check on random-weight models, which
+    /// amplify any bf16 rounding flip chaotically.
+    pub precise: Option<(f32, f64, usize)>,
+    /// The prompt fed in two pieces (split at `split`) gave bit-identical logits to one piece.
+    pub chunking_invariant: bool,
+    pub split: usize,
+}
+
+impl PrefillReport {
+    pub fn line(&self) -> String {
+        let precise = match self.precise {
+            Some((max, rel, mism)) => format!(
+                " | precise mode vs its twin: max|d| {max:.2e} rel_l2 {rel:.2e} argmax-mismatch {mism}"
+            ),
+            None => String::new(),
+        };
+        format!(
+            "batched prefill vs CPU twin {}{} | split at {}: logits {}",
+            self.twin.line(),
+            precise,
+            self.split,
+            if self.chunking_invariant {
+                "bit-identical"
+            } else {
+                "DIFFER"
+            }
+        )
+    }
+}
+
+/// Batched prefill of `prompt` (every logit row) against its CPU twin, the same prompt fed in
+/// two pieces (must be bit-identical: rows depend only on their own prefix), then `steps` greedy
+/// decode steps after a `Rows::Last` prefill on both. With `precise`, also the precise mode's
+/// prompt logits against its own CPU twin.
+pub fn prefill_parity(
+    model: &Model,
+    opts: &CudaOptions,
+    prompt: &[u32],
+    steps: usize,
+    precise: bool,
+) -> Result<PrefillReport, CudaError> {
+    let quant = opts.quant;
+    let exact = reference_model(model, quant);
+    // What the prefill GEMMs multiply: bf16 weights, int4 as bf16(q * scale).
+    let twin_model = Arc::new(round_model_bf16(&exact));
+    let m = Arc::new(model.clone());
+    let o = CudaOptions {
+        max_context: Some(prompt.len() + steps + 1),
+        batched_prefill: true,
+        ..opts.clone()
+    };
+    let mut gpu = CudaRunner::new(m, o.clone())?;
+    let g = all_logits(&mut gpu, prompt)?;
+    let mut twin = CpuRunner::new(twin_model.clone())?;
+    twin.set_matmul_inputs(MatmulInputs::Bf16);
+    let c = all_logits(&mut twin, prompt)?;
+    let (max_abs, max_ref, rel_l2, mism) = compare_rows(&g, &c);
+    let precise = if precise {
+        let mut p = CudaRunner::new(
+            Arc::new(model.clone()),
+            CudaOptions {
+                precise_prefill: true,
+                ..o.clone()
+            },
+        )?;
+        let gp = all_logits(&mut p, prompt)?;
+        drop(p);
+        let mut r = CpuRunner::new(twin_model)?;
+        r.set_matmul_inputs(MatmulInputs::Bf16Pair);
+        let f = all_logits(&mut r, prompt)?;
+        let (max, _, rel, mism) = compare_rows(&gp, &f);
+        Some((max, rel, mism))
+    } else {
+        None
+    };
+
+    let split = (prompt.len() * 2 / 5).max(1);
+    gpu.truncate(0);
+    let mut two = all_logits(&mut gpu, &prompt[..split])?;
+    two.extend(all_logits(&mut gpu, &prompt[split..])?);
+    let chunking_invariant = two == g;
+
+    // Decoding after the prompt as a generation does it (Rows::Last): the GPU batches all
+    // tokens but the last and feeds that one through the f32 decode step; the twin keeps its
+    // bf16 prefill of those tokens and redoes the last one in f32.
+    gpu.truncate(0);
+    let mut first = 0u32;
+    gpu.forward(prompt, Rows::Last, &mut |_, l| first = argmax(l))?;
+    let n = prompt.len();
+    twin.set_matmul_inputs(MatmulInputs::F32);
+    let mut cfirst = 0u32;
+    twin.truncate(n.saturating_sub(1));
+    twin.forward(&prompt[n.saturating_sub(1)..], Rows::Last, &mut |_, l| {
+        cfirst = argmax(l)
+    })?;
+    let (gs, cs) = if first == cfirst {
+        (
+            greedy(&mut gpu, first, steps)?,
+            greedy(&mut twin, first, steps)?,
+        )
+    } else {
+        (vec![first], vec![cfirst])
+    };
+    let agree = gs.iter().zip(&cs).take_while(|(a, b)| a == b).count();
+    Ok(PrefillReport {
+        twin: ParityReport {
+            quant,
+            prompt_len: prompt.len(),
+            max_abs,
+            max_ref,
+            rel_l2,
+            prompt_argmax_mismatches: mism,
+            greedy_steps: steps,
+            greedy_agree: agree,
+        },
+        precise,
+        chunking_invariant,
+        split,
+    })
+}
+
 /// Feed `prompt` to both backends comparing every logit row, then run `steps` greedy steps on
-/// each and count how long they agree.
+/// each and count how long they agree. This checks the decode path: prompts are fed one decode
+/// step per token here (see [`prefill_parity`] for the batched path).
 pub fn parity(
     model: &Model,
     opts: &CudaOptions,
@@ -87,25 +239,14 @@ pub fn parity(
         Arc::new(model.clone()),
         CudaOptions {
             max_context,
+            batched_prefill: false,
             ..opts.clone()
         },
     )?;
     let mut cpu = CpuRunner::new(reference)?;
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;
-    let (mut max_abs, mut max_ref, mut num, mut den, mut mism) = (0f32, 0f32, 0f64, 0f64, 0);
-    for (gr, cr) in g.iter().zip(&c) {
-        for (&a, &b) in gr.iter().zip(cr) {
-            let d = a - b;
-            max_abs = max_abs.max(if d.is_nan() { f32::INFINITY } else { d.abs() });
-            max_ref = max_ref.max(b.abs());
-            num += (d as f64) * (d as f64);
-            den += (b as f64) * (b as f64);
-        }
-        if argmax(gr) != argmax(cr) {
-            mism += 1;
-        }
-    }
+    let (max_abs, max_ref, rel_l2, mism) = compare_rows(&g, &c);
     let first = argmax(c.last().map(|v| &v[..]).unwrap_or(&[]));
     let gs = greedy(&mut gpu, first, steps)?;
     let cs = greedy(&mut cpu, first, steps)?;
@@ -115,7 +256,7 @@ pub fn parity(
         prompt_len: prompt.len(),
         max_abs,
         max_ref,
-        rel_l2: (num / den.max(1e-30)).sqrt(),
+        rel_l2,
         prompt_argmax_mismatches: mism,
         greedy_steps: steps,
         greedy_agree: agree,
@@ -139,6 +280,7 @@ pub fn graph_matches_eager(
                 max_context: Some(prompt.len() + 1),
                 use_graph,
                 persistent_gemv,
+                batched_prefill: false,
                 ..Default::default()
             },
         )?;

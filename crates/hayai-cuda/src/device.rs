@@ -64,6 +64,12 @@ pub(crate) const KERNELS: &[&str] = &[
     "argmax_stage2",
     "ple_combine",
     "read_bw",
+    "pf_rows",
+    "pf_act",
+    "pf_ple",
+    "pf_qkv",
+    "pf_attention",
+    "pf_gemm",
 ];
 
 impl Gpu {

@@ -1,0 +1,530 @@
+//! Batched prefill: a prompt is processed in chunks of up to [`PREFILL_CHUNK`] tokens, the
+//! projections as tensor-core GEMMs (kernels/prefill.cu), instead of one decode step per token.
+//!
+//! Data flow per chunk (n tokens at positions p0..p0+n): the residual stream `x` [n][hidden] is
+//! f32; every GEMM input is written as bf16 into `xb` by the kernel before it (row norm, GeGLU,
+//! attention); GEMM outputs land in `y` (f32). The K/V of the chunk are appended to the same
+//! caches the decode step reads, so decoding continues where the prompt ends.
+//!
+//! The chunk size keeps sliding layers exact: a ring of `window + RING_SLACK` slots still holds
+//! every key a chunk's queries need after the whole chunk has been appended.
+
+use hayai_model::ModelError;
+
+use super::{CudaRunner, DevMat, RING_SLACK};
+use crate::device::DevBuf;
+use crate::CudaError;
+
+/// Tokens per prefill chunk.
+pub const PREFILL_CHUNK: usize = 256;
+const _: () = assert!(PREFILL_CHUNK <= RING_SLACK + 1);
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PfRowsParams {
+    x: u64,
+    tok: u64,
+    table: u64,
+    add: u64,
+    add_w: u64,
+    out: u64,
+    out_lo: u64,
+    norm_w: u64,
+    cols: i32,
+    add_ld: i32,
+    table_scale: f32,
+    scalar: f32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PfActParams {
+    input: u64,
+    mult: u64,
+    out: u64,
+    out_lo: u64,
+    n: i32,
+    cols: i32,
+    glu: i32,
+    mult_ld: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PfPleParams {
+    tok: u64,
+    table: u64,
+    ctx: u64,
+    norm_w: u64,
+    out: u64,
+    dim: i32,
+    tok_scale: f32,
+    ctx_scale: f32,
+    mix_scale: f32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PfQkvParams {
+    qkv: u64,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
+    ld: i32,
+    p0: i32,
+    nh: i32,
+    nkv: i32,
+    hd: i32,
+    cap: i32,
+    v_norm: i32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PfAttnParams {
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    out: u64,
+    out_lo: u64,
+    n: i32,
+    p0: i32,
+    nh: i32,
+    nkv: i32,
+    hd: i32,
+    cap: i32,
+    window: i32,
+    scale: f32,
+    softcap: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PfGemmParams {
+    a: u64,
+    a_lo: u64,
+    w: u64,
+    scales: u64,
+    c: u64,
+    m: i32,
+    n: i32,
+    k: i32,
+    ldc: i32,
+    int4: i32,
+    softcap: f32,
+}
+
+/// Device buffers of the prefill path, sized for one chunk.
+pub(super) struct PrefillScratch {
+    chunk: usize,
+    tok: DevBuf,
+    x: DevBuf,
+    xb: DevBuf,
+    /// Precise mode: the bf16 remainders of `xb` (see `CudaOptions::precise_prefill`).
+    xb_lo: Option<DevBuf>,
+    y: DevBuf,
+    q: DevBuf,
+    ple_out: DevBuf,
+    /// [chunk][vocab] f32, allocated on the first request for every row's logits.
+    logits: Option<DevBuf>,
+    logits_host: Vec<f32>,
+}
+
+/// Receives (row index, logits) for every prompt row.
+type RowSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
+
+/// Shared memory of `pf_attention`: one K and one V tile of 16 positions, f32.
+fn attn_smem(hd: usize) -> usize {
+    2 * 16 * hd * 4
+}
+
+impl CudaRunner {
+    pub(super) fn alloc_prefill(&self, precise: bool) -> Result<PrefillScratch, CudaError> {
+        let spec = &self.model.spec;
+        let chunk = PREFILL_CHUNK.min(self.info.max_context).max(1);
+        let h = spec.hidden;
+        let max_q = spec.layers.iter().map(|l| l.q_dim()).max().unwrap_or(0);
+        let max_im = spec
+            .layers
+            .iter()
+            .map(|l| l.intermediate)
+            .max()
+            .unwrap_or(0);
+        let max_hd = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+        let ple_w = spec.ple.as_ref().map_or(0, |p| p.dim * spec.n_layers());
+        let ple_d = spec.ple.as_ref().map_or(0, |p| p.dim);
+        let max_rows = self
+            .layers
+            .iter()
+            .flat_map(|l| [l.qkv.rows, l.o.rows, l.gateup.rows, l.down.rows])
+            .chain(self.ple_model.as_ref().map(|m| m.rows))
+            .chain(
+                self.layers
+                    .iter()
+                    .filter_map(|l| l.ple_gate.as_ref().map(|m| m.rows)),
+            )
+            .chain(
+                self.layers
+                    .iter()
+                    .filter_map(|l| l.ple_proj.as_ref().map(|m| m.rows)),
+            )
+            .max()
+            .unwrap_or(0);
+        let xb_w = h.max(max_q).max(max_im).max(ple_d);
+        let smem = attn_smem(max_hd);
+        if smem > 48 * 1024 {
+            if smem > self.gpu.max_smem_optin()? {
+                return Err(CudaError::Unsupported(format!(
+                    "prefill attention for head dim {max_hd} needs more shared memory than the GPU has"
+                )));
+            }
+            self.gpu.set_max_dynamic_smem("pf_attention", smem)?;
+        }
+        Ok(PrefillScratch {
+            chunk,
+            tok: self.gpu.alloc(chunk * 4)?,
+            x: self.gpu.alloc(chunk * h * 4)?,
+            xb: self.gpu.alloc(chunk * xb_w * 2)?,
+            xb_lo: if precise {
+                Some(self.gpu.alloc(chunk * xb_w * 2)?)
+            } else {
+                None
+            },
+            y: self.gpu.alloc(chunk * max_rows * 4)?,
+            q: self.gpu.alloc(chunk * max_q * 4)?,
+            ple_out: self.gpu.alloc(chunk * ple_w.max(1) * 4)?,
+            logits: None,
+            logits_host: Vec::new(),
+        })
+    }
+
+    /// Feed `tokens` at the current position through the batched path; when `sink` is given,
+    /// hand it every position's logits (index relative to `tokens`).
+    pub(super) fn prefill(
+        &mut self,
+        tokens: &[u32],
+        mut sink: Option<RowSink<'_>>,
+    ) -> Result<(), ModelError> {
+        let chunk = match &self.prefill {
+            Some(p) => p.chunk,
+            None => return Err(CudaError::Driver("batched prefill is off".into()).into()),
+        };
+        let vocab = self.model.spec.vocab;
+        if sink.is_some() {
+            let need = self.prefill.as_ref().is_some_and(|p| p.logits.is_none());
+            if need {
+                let buf = self.gpu.alloc(chunk * vocab * 4)?;
+                let pf = self.prefill.as_mut().expect("checked above");
+                pf.logits = Some(buf);
+                pf.logits_host = vec![0.0; chunk * vocab];
+            }
+        }
+        for (ci, part) in tokens.chunks(chunk).enumerate() {
+            self.prefill_chunk(part, sink.is_some())?;
+            self.len += part.len();
+            self.dev_io = None;
+            if let Some(sink) = sink.as_mut() {
+                let pf = self.prefill.as_mut().expect("checked above");
+                let dev = pf.logits.as_ref().expect("allocated above").ptr();
+                let host = &mut pf.logits_host[..part.len() * vocab];
+                self.gpu.read(dev, host)?;
+                for (r, row) in host.chunks(vocab).enumerate() {
+                    sink(ci * chunk + r, row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        (a, a_lo): (u64, u64),
+        m: &DevMat,
+        c: u64,
+        n_tok: usize,
+        softcap: f32,
+    ) -> Result<(), CudaError> {
+        let p = PfGemmParams {
+            a,
+            a_lo,
+            w: m.w,
+            scales: m.scales,
+            c,
+            m: n_tok as i32,
+            n: m.rows as i32,
+            k: m.cols as i32,
+            ldc: m.rows as i32,
+            int4: m.int4 as i32,
+            softcap,
+        };
+        let grid = (m.rows.div_ceil(128) as u32, n_tok.div_ceil(64) as u32, 1);
+        self.gpu.launch(self.gpu.func("pf_gemm"), grid, 256, 0, &p)
+    }
+
+    fn rows(&self, n: usize, p: PfRowsParams) -> Result<(), CudaError> {
+        let p = PfRowsParams {
+            out_lo: if p.out != 0 { self.xb_lo() } else { 0 },
+            cols: self.model.spec.hidden as i32,
+            eps: self.model.spec.rms_eps,
+            scalar: if p.scalar == 0.0 { 1.0 } else { p.scalar },
+            ..p
+        };
+        self.gpu
+            .launch(self.gpu.func("pf_rows"), (n as u32, 1, 1), 256, 0, &p)
+    }
+
+    fn act(&self, n: usize, p: PfActParams) -> Result<(), CudaError> {
+        let p = PfActParams {
+            out_lo: self.xb_lo(),
+            ..p
+        };
+        let total = n * p.cols as usize;
+        let blocks = total.div_ceil(256).min(4096) as u32;
+        self.gpu
+            .launch(self.gpu.func("pf_act"), (blocks, 1, 1), 256, 0, &p)
+    }
+
+    /// The remainder buffer in precise mode, else 0.
+    fn xb_lo(&self) -> u64 {
+        self.prefill
+            .as_ref()
+            .and_then(|p| p.xb_lo.as_ref())
+            .map_or(0, |b| b.ptr())
+    }
+
+    /// One chunk (at most `PREFILL_CHUNK` tokens) at position `self.len`; with `logits`, the
+    /// final norm and lm_head (with the final softcap) for every row.
+    fn prefill_chunk(&self, tokens: &[u32], logits: bool) -> Result<(), CudaError> {
+        let spec = &self.model.spec;
+        let pf = self.prefill.as_ref().expect("prefill scratch");
+        let n = tokens.len();
+        let p0 = self.len;
+        let h = spec.hidden;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.gpu.write(pf.tok.ptr(), &ids)?;
+        let (x, xb, y) = (pf.x.ptr(), pf.xb.ptr(), pf.y.ptr());
+        // The GEMM input: bf16 values and, in precise mode, their remainders.
+        let a = (xb, self.xb_lo());
+
+        // Token embeddings (and, with per-layer embeddings, their combination per layer).
+        let ple = match (&self.ple_model, &self.ple_table, &self.ple_norm, &spec.ple) {
+            (Some(pm), Some(table), Some(pn), Some(ps)) => Some((pm, table, pn, ps)),
+            _ => None,
+        };
+        self.rows(
+            n,
+            PfRowsParams {
+                x,
+                tok: pf.tok.ptr(),
+                table: self.embed.ptr(),
+                table_scale: spec.embed_scale,
+                out: if ple.is_some() { xb } else { 0 },
+                ..Default::default()
+            },
+        )?;
+        if let Some((pm, table, pn, ps)) = ple {
+            self.gemm(a, pm, y, n, 0.0)?;
+            let p = PfPleParams {
+                tok: pf.tok.ptr(),
+                table: table.ptr(),
+                ctx: y,
+                norm_w: pn.ptr(),
+                out: pf.ple_out.ptr(),
+                dim: ps.dim as i32,
+                tok_scale: (ps.dim as f32).sqrt(),
+                ctx_scale: (h as f32).powf(-0.5),
+                mix_scale: std::f32::consts::FRAC_1_SQRT_2,
+                eps: spec.rms_eps,
+            };
+            self.gpu.launch(
+                self.gpu.func("pf_ple"),
+                (n as u32, spec.n_layers() as u32, 1),
+                ps.dim as u32,
+                0,
+                &p,
+            )?;
+        }
+
+        // The branch output still to be added to the residual: (vector, norm weight, scalar).
+        let mut pending: Option<(u64, u64, f32)> = None;
+        for (i, (ls, dl)) in spec.layers.iter().zip(&self.layers).enumerate() {
+            let (add, add_w, scalar) = pending.unwrap_or((0, 0, 1.0));
+            self.rows(
+                n,
+                PfRowsParams {
+                    x,
+                    add,
+                    add_w,
+                    add_ld: h as i32,
+                    scalar,
+                    norm_w: dl.attn_norm.ptr(),
+                    out: xb,
+                    ..Default::default()
+                },
+            )?;
+            self.gemm(a, &dl.qkv, y, n, 0.0)?;
+
+            let src = &self.layers[ls.kv_source];
+            let (kc, vc) = src
+                .kv
+                .as_ref()
+                .map(|(k, v)| (k.ptr(), v.ptr()))
+                .ok_or_else(|| {
+                    CudaError::Unsupported(format!("layer {i}: KV donor owns no cache"))
+                })?;
+            let own = ls.owns_kv(i);
+            let qp = PfQkvParams {
+                qkv: y,
+                q: pf.q.ptr(),
+                k_cache: kc,
+                v_cache: vc,
+                q_norm: dl.q_norm.ptr(),
+                k_norm: dl.k_norm.as_ref().map_or(0, |b| b.ptr()),
+                inv_freq: dl.inv_freq.ptr(),
+                ld: dl.qkv.rows as i32,
+                p0: p0 as i32,
+                nh: ls.n_heads as i32,
+                nkv: ls.n_kv_heads as i32,
+                hd: ls.head_dim as i32,
+                cap: src.cap as i32,
+                v_norm: spec.v_norm as i32,
+                eps: spec.rms_eps,
+            };
+            let heads = ls.n_heads + if own { 2 * ls.n_kv_heads } else { 0 };
+            self.gpu.launch(
+                self.gpu.func("pf_qkv"),
+                (n as u32, heads as u32, 1),
+                128,
+                0,
+                &qp,
+            )?;
+            let ap = PfAttnParams {
+                q: pf.q.ptr(),
+                k_cache: kc,
+                v_cache: vc,
+                out: xb,
+                out_lo: self.xb_lo(),
+                n: n as i32,
+                p0: p0 as i32,
+                nh: ls.n_heads as i32,
+                nkv: ls.n_kv_heads as i32,
+                hd: ls.head_dim as i32,
+                cap: src.cap as i32,
+                window: if ls.sliding {
+                    spec.sliding_window as i32
+                } else {
+                    0
+                },
+                scale: spec.attn_scale,
+                softcap: spec.attn_softcap.unwrap_or(0.0),
+            };
+            self.gpu.launch(
+                self.gpu.func("pf_attention"),
+                (n.div_ceil(16) as u32, ls.n_heads as u32, 1),
+                256,
+                attn_smem(ls.head_dim) as u32,
+                &ap,
+            )?;
+            self.gemm(a, &dl.o, y, n, 0.0)?;
+            self.rows(
+                n,
+                PfRowsParams {
+                    x,
+                    add: y,
+                    add_w: dl.post_attn.ptr(),
+                    add_ld: h as i32,
+                    norm_w: dl.pre_ffn.ptr(),
+                    out: xb,
+                    ..Default::default()
+                },
+            )?;
+            self.gemm(a, &dl.gateup, y, n, 0.0)?;
+            self.act(
+                n,
+                PfActParams {
+                    input: y,
+                    out: xb,
+                    n: n as i32,
+                    cols: (dl.gateup.rows / 2) as i32,
+                    glu: 1,
+                    ..Default::default()
+                },
+            )?;
+            self.gemm(a, &dl.down, y, n, 0.0)?;
+            let scalar = self.model.weights.layers[i].layer_scalar;
+            match (&dl.ple_gate, &dl.ple_proj, &dl.ple_post, &spec.ple) {
+                (Some(pg), Some(pp), Some(post), Some(ps)) => {
+                    self.rows(
+                        n,
+                        PfRowsParams {
+                            x,
+                            add: y,
+                            add_w: dl.post_ffn.ptr(),
+                            add_ld: h as i32,
+                            out: xb,
+                            ..Default::default()
+                        },
+                    )?;
+                    self.gemm(a, pg, y, n, 0.0)?;
+                    self.act(
+                        n,
+                        PfActParams {
+                            input: y,
+                            mult: pf.ple_out.at::<f32>(i * ps.dim),
+                            out: xb,
+                            n: n as i32,
+                            cols: ps.dim as i32,
+                            glu: 0,
+                            mult_ld: (ps.dim * spec.n_layers()) as i32,
+                            out_lo: 0,
+                        },
+                    )?;
+                    self.gemm(a, pp, y, n, 0.0)?;
+                    pending = Some((y, post.ptr(), scalar));
+                }
+                _ => pending = Some((y, dl.post_ffn.ptr(), scalar)),
+            }
+        }
+        if logits {
+            let (add, add_w, scalar) = pending.expect("at least one layer");
+            self.rows(
+                n,
+                PfRowsParams {
+                    x,
+                    add,
+                    add_w,
+                    add_ld: h as i32,
+                    scalar,
+                    norm_w: self.final_norm.ptr(),
+                    out: xb,
+                    ..Default::default()
+                },
+            )?;
+            let out = pf.logits.as_ref().expect("logits buffer").ptr();
+            self.gemm(a, &self.lm_head, out, n, spec.final_softcap.unwrap_or(0.0))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn param_structs_match_the_kernels() {
+        // Sizes of the C structs in kernels/prefill.cu (pointers 8 bytes, ints and floats 4).
+        assert_eq!(std::mem::size_of::<PfRowsParams>(), 88);
+        assert_eq!(std::mem::size_of::<PfActParams>(), 48);
+        assert_eq!(std::mem::size_of::<PfPleParams>(), 64);
+        assert_eq!(std::mem::size_of::<PfQkvParams>(), 88);
+        assert_eq!(std::mem::size_of::<PfAttnParams>(), 80);
+        assert_eq!(std::mem::size_of::<PfGemmParams>(), 64);
+    }
+}
