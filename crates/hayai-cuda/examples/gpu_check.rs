@@ -1,13 +1,13 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench] [bench]
-//!        [bench-nopdl] [bench-bf16] [bench-bf16-tiled]   (default: all)
+//! usage: gpu_check [parity] [fuse] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench] [bench]
+//!        [bench-nopdl] [bench-fuse] [bench-bf16] [bench-bf16-tiled]   (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use hayai_cuda::bench::{bench_engine, BenchOptions};
-use hayai_cuda::check::{graph_matches_eager, parity, prefill_parity};
+use hayai_cuda::check::{fused_ple_matches, graph_matches_eager, parity, prefill_parity};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
 use hayai_cuda::{CudaOptions, Quant};
 use hayai_model::random::random_model;
@@ -107,6 +107,46 @@ fn main() {
             println!("  ({:.1} s)", t.elapsed().as_secs_f64());
         }
     }
+    if want("fuse") {
+        // gemv_pair (PLE gate + projection in one launch) against the separate launches: bit
+        // for bit, both GEMV kernels, both quantizations, eager and graph; then CPU parity.
+        let m = random_model(&small_spec(Arch::Gemma4), 1);
+        let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        for persistent in [false, true] {
+            for q in [Quant::Bf16, Quant::Int4] {
+                for use_graph in [true, false] {
+                    let o = CudaOptions {
+                        use_graph,
+                        ..opts(q, persistent)
+                    };
+                    match fused_ple_matches(&m, &o, &p, 100) {
+                        Ok(ok) => check(
+                            "small-gemma4",
+                            ok,
+                            format!(
+                                "fused PLE == separate ({}, {}, graph {use_graph}): bit-identical",
+                                if persistent { "persistent" } else { "tiled" },
+                                q.name()
+                            ),
+                        ),
+                        Err(e) => check("small-gemma4", false, e.to_string()),
+                    }
+                }
+            }
+        }
+        let o = CudaOptions {
+            fuse_ple: true,
+            ..opts(Quant::Int4, false)
+        };
+        match parity(&m, &o, &p, 300) {
+            Ok(r) => check(
+                "small-gemma4",
+                r.rel_l2 < 1e-4 && r.greedy_identical(),
+                format!("fused PLE {}", r.line()),
+            ),
+            Err(e) => check("small-gemma4", false, e.to_string()),
+        }
+    }
     if want("prefill") {
         // Batched (tensor-core) prefill vs the CPU reference: 300 tokens cross a chunk boundary
         // and the small models' 8-token sliding window many times.
@@ -183,18 +223,22 @@ fn main() {
     // (quant, persistent GEMV, programmatic dependent launch) to benchmark.
     let mut runs = Vec::new();
     if want("bench") {
-        runs.push((Quant::Int4, true, true));
-        runs.push((Quant::Int4, false, true));
+        runs.push((Quant::Int4, true, true, false));
+        runs.push((Quant::Int4, false, true, false));
     }
     if want("bench-nopdl") {
-        runs.push((Quant::Int4, true, false));
-        runs.push((Quant::Int4, false, false));
+        runs.push((Quant::Int4, true, false, false));
+        runs.push((Quant::Int4, false, false, false));
+    }
+    if want("bench-fuse") {
+        runs.push((Quant::Int4, false, true, true));
+        runs.push((Quant::Int4, true, true, true));
     }
     if want("bench-bf16") {
-        runs.push((Quant::Bf16, true, true));
+        runs.push((Quant::Bf16, true, true, false));
     }
     if want("bench-bf16-tiled") {
-        runs.push((Quant::Bf16, false, true));
+        runs.push((Quant::Bf16, false, true, false));
     }
     if !runs.is_empty() {
         let t = Instant::now();
@@ -203,11 +247,12 @@ fn main() {
             "e4b synthetic model built in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        for (q, persistent, pdl) in runs {
+        for (q, persistent, pdl, fuse_ple) in runs {
             let o = BenchOptions {
                 quant: q,
                 persistent_gemv: persistent,
                 pdl,
+                fuse_ple,
                 ..Default::default()
             };
             match bench_engine(m.clone(), &o) {

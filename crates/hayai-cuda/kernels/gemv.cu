@@ -273,12 +273,40 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
 // Persistent variant: a grid the GPU holds at once (sized by the host from the occupancy), the
 // prologue built once per block, and each warp looping over work items = (8-row octet, K split).
 // A split octet is finished by the last warp to complete it (per-octet counter), which adds the
-// partials in split order (deterministic) and applies the GeGLU epilogue when asked.
+// partials in split order (deterministic) and applies the GeGLU epilogue when asked; with
+// `counters` null the partials stay in `out` ([splits][rows]) for the consumer's prologue to add.
 #define GEMV_P_UNROLL 4
 
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(const GemvParams p) {
-    extern __shared__ float xs[];
-    __shared__ float red[32];
+// Every block of the grid arrives, then waits for all (the grid must be resident at once: the
+// host sizes it from the occupancy). `bar` = {arrive, depart}; see grid_depart for the reset.
+__device__ __forceinline__ void grid_barrier(unsigned int* bar) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(bar, 1u);
+        unsigned int seen;
+        do {
+            asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(bar) : "memory");
+            if (seen < gridDim.x) __nanosleep(32);
+        } while (seen < gridDim.x);
+    }
+    __syncthreads();
+}
+
+// The last block to leave resets the barrier for the next launch: every block has passed the
+// barrier by then (it departs after its second phase), so no one still spins on `arrive`.
+__device__ __forceinline__ void grid_depart(unsigned int* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(bar + 1, 1u) == gridDim.x - 1) {
+        bar[0] = 0;
+        bar[1] = 0;
+    }
+}
+
+// One persistent GEMV over the grid. Before its prologue it waits for the previous kernel
+// (`bar` null, PDL) or for the whole grid (`bar` set: the second GEMV of gemv_pair); the first
+// weight batch is requested before either wait.
+__device__ void gemv_phase(const GemvParams& p, float* xs, float* red, unsigned int* bar) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int quad = lane >> 2, l = lane & 3;
     const int octets = (p.rows + 7) >> 3;
@@ -299,8 +327,12 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
         gemv_load_batch<GEMV_P_UNROLL>(p, gemv_wrow(p, row, l), p.scales + (size_t)row * groups,
                                        u0, u1, wv, sc);
     }
-    pdl_wait();
-    pdl_launch_dependents();
+    if (bar) {
+        grid_barrier(bar);
+    } else {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
     gemv_prologue(p, xs, red, p.int4 != 0);
 
     bool preloaded = true;
@@ -327,6 +359,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
             continue;
         }
         if (valid && l == 0) p.out[(size_t)s * p.rows + row0] = acc;
+        if (!p.counters) continue;
         __threadfence();
         __syncwarp();
         int prev = 0;
@@ -346,4 +379,27 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(co
         }
         if (lane == 0) p.counters[oct] = 0;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_persistent(const GemvParams p) {
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    gemv_phase(p, xs, red, nullptr);
+}
+
+// Two dependent GEMVs in one launch (the per-layer-embedding gate and projection): the first
+// leaves its split-K partials, a grid-wide barrier, then the second adds them in its prologue in
+// split order, exactly as the separate launches would (same partials, same order of addition).
+// Saves a launch, its ramp and the first GEMV's split-K epilogue.
+struct GemvPairParams {
+    GemvParams a, b;
+    unsigned int* barrier;  // {arrive, depart}, zeroed; reset by the last block
+};
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_pair(const GemvPairParams p) {
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    gemv_phase(p.a, xs, red, nullptr);
+    gemv_phase(p.b, xs, red, p.barrier);
+    grid_depart(p.barrier);
 }

@@ -23,6 +23,8 @@ pub struct BenchOptions {
     pub persistent_gemv: bool,
     /// See [`CudaOptions::pdl`].
     pub pdl: bool,
+    /// See [`CudaOptions::fuse_ple`].
+    pub fuse_ple: bool,
 }
 
 impl Default for BenchOptions {
@@ -35,6 +37,7 @@ impl Default for BenchOptions {
             runs: 3,
             persistent_gemv: false,
             pdl: true,
+            fuse_ple: false,
         }
     }
 }
@@ -54,6 +57,7 @@ pub struct BenchReport {
     pub persistent_gemv: bool,
     /// Programmatic dependent launch was in effect (asked for, and the GPU is sm_90+).
     pub pdl: bool,
+    pub fuse_ple: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -77,7 +81,7 @@ impl BenchReport {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         s += &format!(
-            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  prompt: {}  gen: {}\n",
+            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
             if self.persistent_gemv {
@@ -86,6 +90,7 @@ impl BenchReport {
                 "tiled"
             },
             if self.pdl { "on" } else { "off" },
+            if self.fuse_ple { "on" } else { "off" },
             self.prompt_len,
             self.gen
         );
@@ -171,6 +176,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             use_graph: true,
             persistent_gemv: opts.persistent_gemv,
             pdl: opts.pdl,
+            fuse_ple: opts.fuse_ple,
             ..Default::default()
         },
     )?;
@@ -227,6 +233,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         quant: opts.quant,
         persistent_gemv: opts.persistent_gemv,
         pdl: r.gpu().pdl,
+        fuse_ple: opts.fuse_ple,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

@@ -263,6 +263,33 @@ pub fn parity(
     })
 }
 
+/// The fused per-layer-embedding GEMVs (`CudaOptions::fuse_ple`) must give bit-identical logits
+/// to the separate launches (prompt fed through the decode graph, then `steps` greedy tokens).
+pub fn fused_ple_matches(
+    model: &Model,
+    opts: &CudaOptions,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<bool, CudaError> {
+    let m = Arc::new(model.clone());
+    let mut out = Vec::new();
+    for fuse_ple in [false, true] {
+        let mut r = CudaRunner::new(
+            m.clone(),
+            CudaOptions {
+                max_context: Some(prompt.len() + steps + 1),
+                batched_prefill: false,
+                fuse_ple,
+                ..opts.clone()
+            },
+        )?;
+        let logits = all_logits(&mut r, prompt)?;
+        let first = argmax(logits.last().map(|v| &v[..]).unwrap_or(&[]));
+        out.push((logits, greedy(&mut r, first, steps)?));
+    }
+    Ok(out[0] == out[1])
+}
+
 /// Logits of the graph path and the eager (kernel-by-kernel) path must be bit-identical.
 pub fn graph_matches_eager(
     model: &Model,

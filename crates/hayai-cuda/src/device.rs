@@ -59,6 +59,7 @@ pub(crate) struct Gpu {
 pub(crate) const KERNELS: &[&str] = &[
     "gemv",
     "gemv_persistent",
+    "gemv_pair",
     "attn_split",
     "argmax_stage1",
     "argmax_stage2",

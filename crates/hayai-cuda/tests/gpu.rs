@@ -172,3 +172,20 @@ fn real_gemma3_270m_batched_prefill_matches_cpu() {
         assert_prefill(&m, q, 64, 32, true);
     }
 }
+
+/// On a GPU: the fused per-layer-embedding GEMVs (one launch, grid barrier) give bit-identical
+/// logits and greedy tokens to the separate launches, for both GEMV kernels and quantizations.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_ple_gemvs_are_bit_identical() {
+    require_gpu();
+    let m = random_model(&small_spec(Arch::Gemma4), 1);
+    let p = prompt(32, m.spec.vocab);
+    for persistent in [false, true] {
+        for q in [Quant::Bf16, Quant::Int4] {
+            let ok =
+                hayai_cuda::check::fused_ple_matches(&m, &opts(q, persistent), &p, 100).unwrap();
+            assert!(ok, "{q:?} persistent={persistent}");
+        }
+    }
+}
