@@ -828,6 +828,15 @@ impl CudaRunner {
         b
     }
 
+    /// K and V cache pointers that layer `i` reads (its own or its donor's).
+    fn kv_caches(&self, i: usize, source: usize) -> Result<(u64, u64), CudaError> {
+        self.layers[source]
+            .kv
+            .as_ref()
+            .map(|(k, v)| (k.ptr(), v.ptr()))
+            .ok_or_else(|| CudaError::Unsupported(format!("layer {i}: KV donor owns no cache")))
+    }
+
     /// The decode step as a fixed list of launches (see the module docs for the data flow).
     fn build_plan(&self, sm: usize) -> Result<Vec<Launch>, CudaError> {
         let spec = &self.model.spec;
@@ -926,13 +935,7 @@ impl CudaRunner {
             plan.push(l);
 
             let src = &self.layers[ls.kv_source];
-            let (kc, vc) = src
-                .kv
-                .as_ref()
-                .map(|(k, v)| (k.ptr(), v.ptr()))
-                .ok_or_else(|| {
-                    CudaError::Unsupported(format!("layer {i}: KV donor owns no cache"))
-                })?;
+            let (kc, vc) = self.kv_caches(i, ls.kv_source)?;
             let own = ls.owns_kv(i);
             let ap = AttnParams {
                 q: s.q.ptr(),
@@ -1027,10 +1030,10 @@ impl CudaRunner {
             let scalar = self.model.weights.layers[i].layer_scalar;
 
             match (&dl.ple_gate, &dl.ple_proj, &dl.ple_post, &spec.ple) {
-                (Some(pg), Some(pp), Some(post), Some(ps)) if self.fuse_ple => {
-                    // Gate and projection in one launch (gemv_pair): the gate's split-K
-                    // partials are added by the projection's prologue after a grid barrier.
+                (Some(pg), Some(pp), Some(post), Some(ps)) => {
                     let sg = self.mat_splits(pg, sm);
+                    let spp = self.mat_splits(pp, sm);
+                    // Gate input: the residual after the FFN (no norm of its own).
                     let pa = GemvParams {
                         input: down,
                         in_splits: 1,
@@ -1041,78 +1044,69 @@ impl CudaRunner {
                         ..Default::default()
                     };
                     cur ^= 1;
-                    let mut a = self.gemv_params(pg, (s.pg_part.ptr(), 0), sg, pa);
-                    a.counters = 0;
-                    let spp = self.mat_splits(pp, sm);
-                    let pb = GemvParams {
-                        input: s.pg_part.ptr(),
-                        in_splits: sg as i32,
-                        in_ld: pg.rows as i32,
-                        act_mult: s.ple_out.at::<f32>(i * ps.dim),
-                        ..Default::default()
-                    };
-                    let b = self.gemv_params(pp, (s.pp_part.ptr(), s.pp_fin.ptr()), spp, pb);
-                    let proj = if spp > 1 {
-                        s.pp_fin.ptr()
+                    let act_mult = s.ple_out.at::<f32>(i * ps.dim);
+                    let proj = if self.fuse_ple {
+                        // Gate and projection in one launch (gemv_pair): the gate's split-K
+                        // partials are added by the projection's prologue after a grid barrier.
+                        let mut a = self.gemv_params(pg, (s.pg_part.ptr(), 0), sg, pa);
+                        a.counters = 0;
+                        let pb = GemvParams {
+                            input: s.pg_part.ptr(),
+                            in_splits: sg as i32,
+                            in_ld: pg.rows as i32,
+                            act_mult,
+                            ..Default::default()
+                        };
+                        let b = self.gemv_params(pp, (s.pp_part.ptr(), s.pp_fin.ptr()), spp, pb);
+                        let smem = pg.cols.max(pp.cols) * 4;
+                        let items = (pg.rows.div_ceil(8) * sg).max(pp.rows.div_ceil(8) * spp);
+                        let resident = sm * self.blocks_per_sm("gemv_pair", smem);
+                        let blocks = items.div_ceil(8).min(resident).max(1);
+                        let pair = GemvPairParams {
+                            a,
+                            b,
+                            barrier: s.pair_barrier.ptr(),
+                        };
+                        plan.push(Launch::new(
+                            &self.gpu,
+                            "gemv.ple_pair",
+                            "gemv_pair",
+                            (blocks as u32, 1, 1),
+                            256,
+                            smem as u32,
+                            &pair,
+                        ));
+                        if spp > 1 {
+                            s.pp_fin.ptr()
+                        } else {
+                            s.pp_part.ptr()
+                        }
                     } else {
-                        s.pp_part.ptr()
+                        let (l, gate) = self.gemv(
+                            "gemv.ple_gate",
+                            pg,
+                            (s.pg_part.ptr(), s.pg_fin.ptr()),
+                            sg,
+                            pa,
+                        );
+                        plan.push(l);
+                        let pb = GemvParams {
+                            input: gate,
+                            in_splits: 1,
+                            in_ld: ps.dim as i32,
+                            act_mult,
+                            ..Default::default()
+                        };
+                        let (l, proj) = self.gemv(
+                            "gemv.ple_proj",
+                            pp,
+                            (s.pp_part.ptr(), s.pp_fin.ptr()),
+                            spp,
+                            pb,
+                        );
+                        plan.push(l);
+                        proj
                     };
-                    let smem = pg.cols.max(pp.cols) * 4;
-                    let items = (pg.rows.div_ceil(8) * sg).max(pp.rows.div_ceil(8) * spp);
-                    let resident = sm * self.blocks_per_sm("gemv_pair", smem);
-                    let blocks = items.div_ceil(8).min(resident).max(1);
-                    let pp_params = GemvPairParams {
-                        a,
-                        b,
-                        barrier: s.pair_barrier.ptr(),
-                    };
-                    plan.push(Launch::new(
-                        &self.gpu,
-                        "gemv.ple_pair",
-                        "gemv_pair",
-                        (blocks as u32, 1, 1),
-                        256,
-                        smem as u32,
-                        &pp_params,
-                    ));
-                    pending = Some((proj, 1, post.ptr(), scalar));
-                }
-                (Some(pg), Some(pp), Some(post), Some(ps)) => {
-                    let sg = self.mat_splits(pg, sm);
-                    let p = GemvParams {
-                        input: down,
-                        in_splits: 1,
-                        in_ld: h as i32,
-                        res_in: s.h[cur].ptr(),
-                        res_out: s.h[cur ^ 1].ptr(),
-                        res_w: dl.post_ffn.ptr(),
-                        ..Default::default()
-                    };
-                    cur ^= 1;
-                    let (l, gate) = self.gemv(
-                        "gemv.ple_gate",
-                        pg,
-                        (s.pg_part.ptr(), s.pg_fin.ptr()),
-                        sg,
-                        p,
-                    );
-                    plan.push(l);
-                    let spp = self.mat_splits(pp, sm);
-                    let p = GemvParams {
-                        input: gate,
-                        in_splits: 1,
-                        in_ld: ps.dim as i32,
-                        act_mult: s.ple_out.at::<f32>(i * ps.dim),
-                        ..Default::default()
-                    };
-                    let (l, proj) = self.gemv(
-                        "gemv.ple_proj",
-                        pp,
-                        (s.pp_part.ptr(), s.pp_fin.ptr()),
-                        spp,
-                        p,
-                    );
-                    plan.push(l);
                     pending = Some((proj, 1, post.ptr(), scalar));
                 }
                 _ => pending = Some((down, 1, dl.post_ffn.ptr(), scalar)),

@@ -371,13 +371,7 @@ impl CudaRunner {
             self.gemm(a, &dl.qkv, y, n, 0.0)?;
 
             let src = &self.layers[ls.kv_source];
-            let (kc, vc) = src
-                .kv
-                .as_ref()
-                .map(|(k, v)| (k.ptr(), v.ptr()))
-                .ok_or_else(|| {
-                    CudaError::Unsupported(format!("layer {i}: KV donor owns no cache"))
-                })?;
+            let (kc, vc) = self.kv_caches(i, ls.kv_source)?;
             let own = ls.owns_kv(i);
             let qp = PfQkvParams {
                 qkv: y,
