@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Everything a GPU session checks and measures, in two halves: `prepare` here (no GPU: builds the
+# binaries and splits the real model into parts small enough to carry), `run` there.
+#
+# Here:   scripts/gpu-session.sh prepare
+#   -> .gpu/hayai, .gpu/gpu-tests, .gpu/tok-gemma3.gguf (needs it already: scripts/extract-tokenizer-gguf.py),
+#      target/release/examples/gpu_check, .m0/part .. .m4/part (the real 270M GGUF in 51 MB parts).
+# There:  carry .m0 .. .m4 one per call (each call must come within the machine's idle window so
+#         earlier parts survive), then carry .gpu and target/release/examples/gpu_check and run
+#           scripts/gpu-session.sh run [STAGE ...]
+#         STAGES (default: all): checks fuse prefill real bench demo ppl
+#         Logs go to $OUT (or ./out); every stage has its own time limit.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+prepare() {
+  set -e
+  scripts/setup-cuda.sh
+  cargo build --release -p hayai -p hayai-cuda --example gpu_check
+  local t
+  t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
+  mkdir -p .gpu
+  cp "$t" .gpu/gpu-tests
+  cp target/release/hayai .gpu/hayai
+  strip .gpu/hayai .gpu/gpu-tests target/release/examples/gpu_check 2>/dev/null || true
+  [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
+  local model
+  model=$(target/release/hayai fetch-model | tail -1)
+  rm -rf .m0 .m1 .m2 .m3 .m4 /tmp/hayai-parts && mkdir -p /tmp/hayai-parts
+  split -b 51M -d -a 1 "$model" /tmp/hayai-parts/p
+  for i in 0 1 2 3 4; do mkdir -p ".m$i"; mv "/tmp/hayai-parts/p$i" ".m$i/part"; done
+  md5sum "$model" | tee .gpu/model.md5
+  ls -la .gpu target/release/examples/gpu_check .m*/part
+}
+
+run() {
+  local out="${OUT:-$root/out}"
+  mkdir -p "$out"
+  export HAYAI_QUIET=1
+  local G=/tmp/gemma-3-270m-q4_k_m.gguf
+  local want=("$@")
+  [ ${#want[@]} -eq 0 ] && want=(checks fuse prefill real bench demo ppl)
+  has() { local w; for w in "${want[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+  stage() { echo "== $1 ($(date -u +%T))" | tee -a "$out/session.log"; }
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
+  local C=target/release/examples/gpu_check
+  if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi
+  if has fuse; then stage "gpu_check fuse bench-fuse"; timeout 300 "$C" fuse bench-fuse > "$out/fuse.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/fuse.log" | tee -a "$out/session.log"; fi
+  if has prefill; then stage "gpu_check prefill prefill-e4b"; timeout 300 "$C" prefill prefill-e4b > "$out/prefill.log" 2>&1; grep -E "PASS|FAIL" "$out/prefill.log" | tee -a "$out/session.log"; fi
+  if has real || has demo || has ppl; then
+    cat .m0/part .m1/part .m2/part .m3/part .m4/part > "$G" 2>/dev/null
+    md5sum "$G" | tee -a "$out/session.log"; cat .gpu/model.md5 2>/dev/null | tee -a "$out/session.log"
+    export HAYAI_MODEL_GGUF="$G"
+  fi
+  if has real; then stage "gpu-tests (all, incl. the real 270M)"; timeout 400 .gpu/gpu-tests --include-ignored --test-threads 1 > "$out/gpu-tests.log" 2>&1; grep -E "^test |test result" "$out/gpu-tests.log" | tee -a "$out/session.log"; fi
+  if has bench; then
+    stage "bench-engine synth:e4b"
+    for q in int4 bf16; do timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" --prompt-len 128 --gen 512 2>&1 | tee "$out/bench-$q.log" | grep -E "quant|prefill|decode|achieved|kernels" | tee -a "$out/session.log"; done
+  fi
+  if has demo; then stage "demo (real 270M, 128 x 512 + PPL)"; timeout 400 .gpu/hayai demo --model "$G" --device cuda > "$out/demo.log" 2>&1; tail -30 "$out/demo.log" | tee -a "$out/session.log"; fi
+  if has ppl; then stage "ppl (real 270M, 128 records, in-process)"; /usr/bin/time -f "wall %e s, cpu %U s" timeout 300 .gpu/hayai ppl --model "$G" --device cuda --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"; fi
+  stage done
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: $0 prepare | run [checks] [fuse] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+esac
