@@ -1,13 +1,13 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
 //! usage: gpu_check [parity] [fuse] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench] [bench]
-//!        [bench-nopdl] [bench-fuse] [bench-bf16] [bench-bf16-tiled]   (default: all)
+//!        [bench-nopdl] [bench-fuse] [bench-u8] [bench-bf16] [bench-bf16-tiled]   (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use hayai_cuda::bench::{bench_engine, BenchOptions};
-use hayai_cuda::check::{fused_ple_matches, graph_matches_eager, parity, prefill_parity};
+use hayai_cuda::check::{graph_matches_eager, parity, prefill_parity, same_results};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
 use hayai_cuda::{CudaOptions, Quant};
 use hayai_model::random::random_model;
@@ -119,7 +119,11 @@ fn main() {
                         use_graph,
                         ..opts(q, persistent)
                     };
-                    match fused_ple_matches(&m, &o, &p, 100) {
+                    let f = CudaOptions {
+                        fuse_ple: true,
+                        ..o.clone()
+                    };
+                    match same_results(&m, &o, &f, &p, 100) {
                         Ok(ok) => check(
                             "small-gemma4",
                             ok,
@@ -132,6 +136,22 @@ fn main() {
                         Err(e) => check("small-gemma4", false, e.to_string()),
                     }
                 }
+            }
+        }
+        // The tiled GEMV with 8 loads in flight per lane: the same additions in the same order.
+        for q in [Quant::Bf16, Quant::Int4] {
+            let o = opts(q, false);
+            let u = CudaOptions {
+                gemv_unroll8: true,
+                ..o.clone()
+            };
+            match same_results(&m, &o, &u, &p, 100) {
+                Ok(ok) => check(
+                    "small-gemma4",
+                    ok,
+                    format!("gemv_u8 == gemv ({}): bit-identical", q.name()),
+                ),
+                Err(e) => check("small-gemma4", false, e.to_string()),
             }
         }
         let o = CudaOptions {
@@ -223,22 +243,27 @@ fn main() {
     // (quant, persistent GEMV, programmatic dependent launch) to benchmark.
     let mut runs = Vec::new();
     if want("bench") {
-        runs.push((Quant::Int4, true, true, false));
-        runs.push((Quant::Int4, false, true, false));
+        runs.push((Quant::Int4, true, true, false, false));
+        runs.push((Quant::Int4, false, true, false, false));
     }
     if want("bench-nopdl") {
-        runs.push((Quant::Int4, true, false, false));
-        runs.push((Quant::Int4, false, false, false));
+        runs.push((Quant::Int4, true, false, false, false));
+        runs.push((Quant::Int4, false, false, false, false));
     }
     if want("bench-fuse") {
-        runs.push((Quant::Int4, false, true, true));
-        runs.push((Quant::Int4, true, true, true));
+        runs.push((Quant::Int4, false, true, true, false));
+        runs.push((Quant::Int4, true, true, true, false));
+    }
+    if want("bench-u8") {
+        runs.push((Quant::Int4, false, true, false, true));
+        runs.push((Quant::Int4, false, true, true, true));
+        runs.push((Quant::Bf16, false, true, false, true));
     }
     if want("bench-bf16") {
-        runs.push((Quant::Bf16, true, true, false));
+        runs.push((Quant::Bf16, true, true, false, false));
     }
     if want("bench-bf16-tiled") {
-        runs.push((Quant::Bf16, false, true, false));
+        runs.push((Quant::Bf16, false, true, false, false));
     }
     if !runs.is_empty() {
         let t = Instant::now();
@@ -247,12 +272,13 @@ fn main() {
             "e4b synthetic model built in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        for (q, persistent, pdl, fuse_ple) in runs {
+        for (q, persistent, pdl, fuse_ple, gemv_unroll8) in runs {
             let o = BenchOptions {
                 quant: q,
                 persistent_gemv: persistent,
                 pdl,
                 fuse_ple,
+                gemv_unroll8,
                 ..Default::default()
             };
             match bench_engine(m.clone(), &o) {

@@ -212,8 +212,10 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
     return acc;
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams p) {
-    extern __shared__ float xs[];
+// The tiled GEMV: one 64-row tile and one K split per block; U = 16-byte loads in flight per
+// lane (the per-lane order of additions is the same for every U, so results are too).
+template <int U>
+__device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     __shared__ float red[32];
     __shared__ int last;
 
@@ -230,16 +232,16 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
     const int u0 = s * per, u1 = min(units, u0 + per);
     const uint4* wrow = gemv_wrow(p, valid ? row : 0, l);
     const uint16_t* srow = p.scales + (size_t)(valid ? row : 0) * (p.cols >> 7);
-    uint4 wv[GEMV_UNROLL];
-    uint32_t sc[GEMV_UNROLL];
-    if (valid) gemv_load_batch<GEMV_UNROLL>(p, wrow, srow, u0, u1, wv, sc);
+    uint4 wv[U];
+    uint32_t sc[U];
+    if (valid) gemv_load_batch<U>(p, wrow, srow, u0, u1, wv, sc);
 
     pdl_wait();
     pdl_launch_dependents();
     gemv_prologue(p, xs, red, p.int4 != 0);
 
     float acc = 0.f;
-    if (valid) acc = gemv_row_dot<GEMV_UNROLL>(p, wrow, srow, u0, u1, l, xs, wv, sc);
+    if (valid) acc = gemv_row_dot<U>(p, wrow, srow, u0, u1, l, xs, wv, sc);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 1);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
     if (p.glu) {
@@ -268,6 +270,17 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
         p.out_final[r] = t;
     }
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_tiled<GEMV_UNROLL>(p, xs);
+}
+
+// The same with 8 loads in flight per lane (fewer dependent round trips per row, more registers).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_u8(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_tiled<8>(p, xs);
 }
 
 // Persistent variant: a grid the GPU holds at once (sized by the host from the occupancy), the

@@ -25,6 +25,8 @@ pub struct BenchOptions {
     pub pdl: bool,
     /// See [`CudaOptions::fuse_ple`].
     pub fuse_ple: bool,
+    /// See [`CudaOptions::gemv_unroll8`].
+    pub gemv_unroll8: bool,
 }
 
 impl Default for BenchOptions {
@@ -38,6 +40,7 @@ impl Default for BenchOptions {
             persistent_gemv: false,
             pdl: true,
             fuse_ple: false,
+            gemv_unroll8: false,
         }
     }
 }
@@ -58,6 +61,7 @@ pub struct BenchReport {
     /// Programmatic dependent launch was in effect (asked for, and the GPU is sm_90+).
     pub pdl: bool,
     pub fuse_ple: bool,
+    pub gemv_unroll8: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -84,10 +88,10 @@ impl BenchReport {
             "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
-            if self.persistent_gemv {
-                "persistent"
-            } else {
-                "tiled"
+            match (self.persistent_gemv, self.gemv_unroll8) {
+                (true, _) => "persistent",
+                (false, true) => "tiled, 8 loads in flight",
+                (false, false) => "tiled",
             },
             if self.pdl { "on" } else { "off" },
             if self.fuse_ple { "on" } else { "off" },
@@ -177,6 +181,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             persistent_gemv: opts.persistent_gemv,
             pdl: opts.pdl,
             fuse_ple: opts.fuse_ple,
+            gemv_unroll8: opts.gemv_unroll8,
             ..Default::default()
         },
     )?;
@@ -234,6 +239,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         persistent_gemv: opts.persistent_gemv,
         pdl: r.gpu().pdl,
         fuse_ple: opts.fuse_ple,
+        gemv_unroll8: opts.gemv_unroll8,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

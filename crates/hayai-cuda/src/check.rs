@@ -263,24 +263,25 @@ pub fn parity(
     })
 }
 
-/// The fused per-layer-embedding GEMVs (`CudaOptions::fuse_ple`) must give bit-identical logits
-/// to the separate launches (prompt fed through the decode graph, then `steps` greedy tokens).
-pub fn fused_ple_matches(
+/// Two decode configurations that must compute the same arithmetic (e.g. `fuse_ple`,
+/// `gemv_unroll8` on and off) give bit-identical prompt logits (fed through the decode graph)
+/// and `steps` greedy tokens.
+pub fn same_results(
     model: &Model,
-    opts: &CudaOptions,
+    a: &CudaOptions,
+    b: &CudaOptions,
     prompt: &[u32],
     steps: usize,
 ) -> Result<bool, CudaError> {
     let m = Arc::new(model.clone());
     let mut out = Vec::new();
-    for fuse_ple in [false, true] {
+    for o in [a, b] {
         let mut r = CudaRunner::new(
             m.clone(),
             CudaOptions {
                 max_context: Some(prompt.len() + steps + 1),
                 batched_prefill: false,
-                fuse_ple,
-                ..opts.clone()
+                ..o.clone()
             },
         )?;
         let logits = all_logits(&mut r, prompt)?;

@@ -65,6 +65,9 @@ pub struct CudaOptions {
     /// Per-layer-embedding gate and projection GEMVs as one launch with a grid-wide barrier
     /// (`gemv_pair`): 42 fewer launches per E4B step, same arithmetic. Off until measured.
     pub fuse_ple: bool,
+    /// Tiled GEMV with 8 instead of 4 16-byte loads in flight per lane (`gemv_u8`): fewer
+    /// dependent round trips per row, more registers; same arithmetic. Off until measured.
+    pub gemv_unroll8: bool,
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
@@ -85,6 +88,7 @@ impl Default for CudaOptions {
             // Measured on the H200 (docs/performance.md): the tiled kernel is ~7% faster.
             persistent_gemv: false,
             fuse_ple: false,
+            gemv_unroll8: false,
             batched_prefill: true,
             precise_prefill: false,
         }
@@ -243,6 +247,7 @@ pub(crate) struct BwParams {
 /// Only these get the launch attribute; any other kernel launches plainly.
 const PDL_KERNELS: &[&str] = &[
     "gemv",
+    "gemv_u8",
     "gemv_persistent",
     "gemv_pair",
     "attn_split",
@@ -501,6 +506,8 @@ pub struct CudaRunner {
     use_graph: bool,
     persistent: bool,
     fuse_ple: bool,
+    /// The tiled GEMV kernel's name (`gemv` or `gemv_u8`).
+    tiled_gemv: &'static str,
     /// Resident GEMV blocks per SM by dynamic shared memory size (persistent grid sizing).
     gemv_occupancy: std::cell::RefCell<Vec<(&'static str, usize, usize)>>,
     len: usize,
@@ -691,6 +698,7 @@ impl CudaRunner {
             gpu.set_max_dynamic_smem("gemv", smem)?;
             gpu.set_max_dynamic_smem("gemv_persistent", smem)?;
             gpu.set_max_dynamic_smem("gemv_pair", smem)?;
+            gpu.set_max_dynamic_smem("gemv_u8", smem)?;
         }
 
         let info = RunnerInfo {
@@ -716,6 +724,7 @@ impl CudaRunner {
             use_graph: opts.use_graph,
             persistent: opts.persistent_gemv,
             fuse_ple: opts.fuse_ple,
+            tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             gemv_occupancy: Default::default(),
             len: 0,
             dev_io: None,
@@ -785,7 +794,15 @@ impl CudaRunner {
                 &p,
             )
         } else {
-            Launch::new(&self.gpu, label, "gemv", grid, 256, smem as u32, &p)
+            Launch::new(
+                &self.gpu,
+                label,
+                self.tiled_gemv,
+                grid,
+                256,
+                smem as u32,
+                &p,
+            )
         };
         // Split launches leave the finished vector in `fin`, unsplit ones in `out`.
         (l, if splits > 1 { fin } else { out })

@@ -173,19 +173,33 @@ fn real_gemma3_270m_batched_prefill_matches_cpu() {
     }
 }
 
-/// On a GPU: the fused per-layer-embedding GEMVs (one launch, grid barrier) give bit-identical
-/// logits and greedy tokens to the separate launches, for both GEMV kernels and quantizations.
+/// On a GPU: the fused per-layer-embedding GEMVs (one launch, grid barrier) and the tiled GEMV
+/// with 8 loads in flight give bit-identical logits and greedy tokens to the default kernels, for
+/// both GEMV kernels and quantizations.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn fused_ple_gemvs_are_bit_identical() {
+fn decode_variants_are_bit_identical() {
     require_gpu();
     let m = random_model(&small_spec(Arch::Gemma4), 1);
     let p = prompt(32, m.spec.vocab);
     for persistent in [false, true] {
         for q in [Quant::Bf16, Quant::Int4] {
-            let ok =
-                hayai_cuda::check::fused_ple_matches(&m, &opts(q, persistent), &p, 100).unwrap();
+            let o = opts(q, persistent);
+            let f = CudaOptions {
+                fuse_ple: true,
+                ..o.clone()
+            };
+            let ok = hayai_cuda::check::same_results(&m, &o, &f, &p, 100).unwrap();
             assert!(ok, "{q:?} persistent={persistent}");
+            if !persistent {
+                // The tiled GEMV with 8 loads in flight per lane: same additions, same order.
+                let u = CudaOptions {
+                    gemv_unroll8: true,
+                    ..o.clone()
+                };
+                let ok = hayai_cuda::check::same_results(&m, &o, &u, &p, 100).unwrap();
+                assert!(ok, "gemv_u8 {q:?}");
+            }
         }
     }
 }
