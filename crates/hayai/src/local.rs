@@ -573,8 +573,28 @@ pub struct BenchEngineArgs {
     gen: usize,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    variant: GpuVariantArgs,
+}
+
+/// Decode-kernel variants of the CUDA backend, for A/B measurements (the defaults are the
+/// measured best; docs/performance.md).
+#[derive(Args, Clone, Copy, Debug, Default)]
+pub struct GpuVariantArgs {
+    /// Launch without programmatic dependent launch (sm_90+ only has it).
+    #[arg(long)]
+    pub no_pdl: bool,
+    /// Persistent GEMV kernel instead of the tiled one.
+    #[arg(long)]
+    pub persistent_gemv: bool,
+    /// Per-layer-embedding GEMV pair in one launch with a grid barrier.
+    #[arg(long)]
+    pub fuse_ple: bool,
+    /// Tiled GEMV with 8 loads in flight per lane.
+    #[arg(long)]
+    pub gemv_unroll8: bool,
 }
 
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
-    crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json)
+    crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json, a.variant)
 }

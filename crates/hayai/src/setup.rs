@@ -102,6 +102,7 @@ pub fn bench_engine(
     prompt_len: usize,
     gen: usize,
     as_json: bool,
+    variant: crate::local::GpuVariantArgs,
 ) -> Result<ExitCode> {
     let (name, model) = bench_model(args)?;
     let use_cuda = match args.device {
@@ -114,6 +115,10 @@ pub fn bench_engine(
             quant: cuda_quant(args.quant),
             prompt_len,
             gen,
+            pdl: !variant.no_pdl,
+            persistent_gemv: variant.persistent_gemv,
+            fuse_ple: variant.fuse_ple,
+            gemv_unroll8: variant.gemv_unroll8,
             ..Default::default()
         };
         let r = hayai_cuda::bench_engine(model, &opts)?;
@@ -125,6 +130,8 @@ pub fn bench_engine(
                     "prompt_len": r.prompt_len, "gen": r.gen, "prefill_ms": r.prefill_ms,
                     "tok_s": r.tok_s, "runs_tok_s": r.runs_tok_s, "ms_per_token": r.ms_per_token,
                     "kernels_per_step": r.kernels_per_step,
+                    "pdl": r.pdl, "persistent_gemv": r.persistent_gemv, "fuse_ple": r.fuse_ple,
+                    "gemv_unroll8": r.gemv_unroll8,
                     "weight_bytes_per_token": r.weight_bytes_per_token,
                     "achieved_gb_s": r.achieved_gb_s, "measured_read_gb_s": r.measured_read_gb_s,
                     "pct_of_measured": r.pct_of_measured,
