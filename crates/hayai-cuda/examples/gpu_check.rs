@@ -1,7 +1,8 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
 //! usage: gpu_check [parity] [fuse] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench] [bench]
-//!        [bench-nopdl] [bench-fuse] [bench-u8] [bench-bf16] [bench-bf16-tiled]   (default: all)
+//!        [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-bf16] [bench-bf16-tiled]
+//!        (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -154,6 +155,22 @@ fn main() {
                 Err(e) => check("small-gemma4", false, e.to_string()),
             }
         }
+        // The attention L2 prefetch is a hint: the same results.
+        for q in [Quant::Bf16, Quant::Int4] {
+            let o = opts(q, false);
+            let f = CudaOptions {
+                attn_prefetch: true,
+                ..o.clone()
+            };
+            match same_results(&m, &o, &f, &p, 100) {
+                Ok(ok) => check(
+                    "small-gemma4",
+                    ok,
+                    format!("attention prefetch on == off ({}): bit-identical", q.name()),
+                ),
+                Err(e) => check("small-gemma4", false, e.to_string()),
+            }
+        }
         let o = CudaOptions {
             fuse_ple: true,
             ..opts(Quant::Int4, false)
@@ -241,29 +258,63 @@ fn main() {
         }
     }
     // (quant, persistent GEMV, programmatic dependent launch) to benchmark.
-    let mut runs = Vec::new();
+    // Benchmarks on E4B shapes: the defaults and the decode-kernel variants.
+    let b = |quant: Quant, persistent_gemv: bool| BenchOptions {
+        quant,
+        persistent_gemv,
+        ..Default::default()
+    };
+    let mut runs: Vec<BenchOptions> = Vec::new();
     if want("bench") {
-        runs.push((Quant::Int4, true, true, false, false));
-        runs.push((Quant::Int4, false, true, false, false));
+        runs.push(b(Quant::Int4, true));
+        runs.push(b(Quant::Int4, false));
     }
     if want("bench-nopdl") {
-        runs.push((Quant::Int4, true, false, false, false));
-        runs.push((Quant::Int4, false, false, false, false));
+        for persistent in [true, false] {
+            runs.push(BenchOptions {
+                pdl: false,
+                ..b(Quant::Int4, persistent)
+            });
+        }
     }
     if want("bench-fuse") {
-        runs.push((Quant::Int4, false, true, true, false));
-        runs.push((Quant::Int4, true, true, true, false));
+        for persistent in [false, true] {
+            runs.push(BenchOptions {
+                fuse_ple: true,
+                ..b(Quant::Int4, persistent)
+            });
+        }
     }
     if want("bench-u8") {
-        runs.push((Quant::Int4, false, true, false, true));
-        runs.push((Quant::Int4, false, true, true, true));
-        runs.push((Quant::Bf16, false, true, false, true));
+        for (quant, fuse_ple) in [
+            (Quant::Int4, false),
+            (Quant::Int4, true),
+            (Quant::Bf16, false),
+        ] {
+            runs.push(BenchOptions {
+                gemv_unroll8: true,
+                fuse_ple,
+                ..b(quant, false)
+            });
+        }
+    }
+    if want("bench-prefetch") {
+        runs.push(BenchOptions {
+            attn_prefetch: true,
+            ..b(Quant::Int4, false)
+        });
+        runs.push(BenchOptions {
+            attn_prefetch: true,
+            fuse_ple: true,
+            gemv_unroll8: true,
+            ..b(Quant::Int4, false)
+        });
     }
     if want("bench-bf16") {
-        runs.push((Quant::Bf16, true, true, false, false));
+        runs.push(b(Quant::Bf16, true));
     }
     if want("bench-bf16-tiled") {
-        runs.push((Quant::Bf16, false, true, false, false));
+        runs.push(b(Quant::Bf16, false));
     }
     if !runs.is_empty() {
         let t = Instant::now();
@@ -272,19 +323,11 @@ fn main() {
             "e4b synthetic model built in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        for (q, persistent, pdl, fuse_ple, gemv_unroll8) in runs {
-            let o = BenchOptions {
-                quant: q,
-                persistent_gemv: persistent,
-                pdl,
-                fuse_ple,
-                gemv_unroll8,
-                ..Default::default()
-            };
+        for o in runs {
             match bench_engine(m.clone(), &o) {
                 Ok(r) => println!(
                     "== bench-engine synth:e4b --quant {} --prompt-len 128 --gen 512\n{}",
-                    q.name(),
+                    o.quant.name(),
                     r.to_text()
                 ),
                 Err(e) => check("bench", false, e.to_string()),

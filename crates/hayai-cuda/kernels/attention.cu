@@ -27,6 +27,7 @@ struct AttnParams {
     const float* inv_freq; // [hd/2]
     int own_kv, v_norm;
     float eps;
+    int prefetch;          // before the wait: pull this block's first K/V tile into L2
 };
 
 #define ATTN_THREADS 128
@@ -47,8 +48,27 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     __shared__ float tile_m, tile_corr, tile_sum;
     const int s = blockIdx.x, h = blockIdx.y;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    // Everything below depends on the position, the projections or the KV cache, all written
-    // by earlier kernels: nothing to do before the wait.
+    if (p.prefetch) {
+        // A hint only (an L2 prefetch cannot return stale data), issued before the wait so the
+        // cache rows arrive while the previous kernel finishes: the keys before `pos` of this
+        // block's first tile, K and V, one 128-byte line per request. `pos` (step_io) was
+        // written by the previous step or the host, both ordered before this step began.
+        const int ppos = *p.pos;
+        const int pn = p.window > 0 ? min(ppos + 1, p.window) : ppos + 1;
+        const int pchunk = (pn + p.splits - 1) / p.splits;
+        const int pk0 = s * pchunk, pk1 = min(min(pn, pk0 + pchunk), pk0 + ATTN_TILE);
+        const int pfirst = ppos + 1 - pn;
+        const int pg = h / (p.nh / p.nkv);
+        const int lines = p.hd >> 5;  // 128-byte lines per row
+        for (int i = t; i < (pk1 - pk0) * lines * 2; i += ATTN_THREADS) {
+            const int kp = pfirst + pk0 + i / (2 * lines);
+            if (kp >= ppos) continue;
+            const int rem = i % (2 * lines);
+            const float* base = rem < lines ? p.k_cache : p.v_cache;
+            const float* row = base + ((size_t)pg * p.cap + kp % p.cap) * p.hd;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 32 * (rem % lines)));
+        }
+    }
     pdl_wait();
     pdl_launch_dependents();
     const int pos = *p.pos;

@@ -27,6 +27,8 @@ pub struct BenchOptions {
     pub fuse_ple: bool,
     /// See [`CudaOptions::gemv_unroll8`].
     pub gemv_unroll8: bool,
+    /// See [`CudaOptions::attn_prefetch`].
+    pub attn_prefetch: bool,
 }
 
 impl Default for BenchOptions {
@@ -41,6 +43,7 @@ impl Default for BenchOptions {
             pdl: true,
             fuse_ple: false,
             gemv_unroll8: false,
+            attn_prefetch: false,
         }
     }
 }
@@ -62,6 +65,7 @@ pub struct BenchReport {
     pub pdl: bool,
     pub fuse_ple: bool,
     pub gemv_unroll8: bool,
+    pub attn_prefetch: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -85,7 +89,7 @@ impl BenchReport {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         s += &format!(
-            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  prompt: {}  gen: {}\n",
+            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
             match (self.persistent_gemv, self.gemv_unroll8) {
@@ -95,6 +99,7 @@ impl BenchReport {
             },
             if self.pdl { "on" } else { "off" },
             if self.fuse_ple { "on" } else { "off" },
+            if self.attn_prefetch { "on" } else { "off" },
             self.prompt_len,
             self.gen
         );
@@ -182,6 +187,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             pdl: opts.pdl,
             fuse_ple: opts.fuse_ple,
             gemv_unroll8: opts.gemv_unroll8,
+            attn_prefetch: opts.attn_prefetch,
             ..Default::default()
         },
     )?;
@@ -240,6 +246,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         pdl: r.gpu().pdl,
         fuse_ple: opts.fuse_ple,
         gemv_unroll8: opts.gemv_unroll8,
+        attn_prefetch: opts.attn_prefetch,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

@@ -68,6 +68,9 @@ pub struct CudaOptions {
     /// Tiled GEMV with 8 instead of 4 16-byte loads in flight per lane (`gemv_u8`): fewer
     /// dependent round trips per row, more registers; same arithmetic. Off until measured.
     pub gemv_unroll8: bool,
+    /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel
+    /// (a prefetch hint; results unchanged). Off until measured.
+    pub attn_prefetch: bool,
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
@@ -89,6 +92,7 @@ impl Default for CudaOptions {
             persistent_gemv: false,
             fuse_ple: false,
             gemv_unroll8: false,
+            attn_prefetch: false,
             batched_prefill: true,
             precise_prefill: false,
         }
@@ -193,6 +197,7 @@ struct AttnParams {
     own_kv: i32,
     v_norm: i32,
     eps: f32,
+    prefetch: i32,
 }
 
 #[repr(C)]
@@ -508,6 +513,7 @@ pub struct CudaRunner {
     fuse_ple: bool,
     /// The tiled GEMV kernel's name (`gemv` or `gemv_u8`).
     tiled_gemv: &'static str,
+    attn_prefetch: bool,
     /// Resident GEMV blocks per SM by dynamic shared memory size (persistent grid sizing).
     gemv_occupancy: std::cell::RefCell<Vec<(&'static str, usize, usize)>>,
     len: usize,
@@ -725,6 +731,7 @@ impl CudaRunner {
             persistent: opts.persistent_gemv,
             fuse_ple: opts.fuse_ple,
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
+            attn_prefetch: opts.attn_prefetch,
             gemv_occupancy: Default::default(),
             len: 0,
             dev_io: None,
@@ -982,6 +989,7 @@ impl CudaRunner {
                 own_kv: own as i32,
                 v_norm: spec.v_norm as i32,
                 eps: spec.rms_eps,
+                prefetch: self.attn_prefetch as i32,
             };
             plan.push(Launch::new(
                 &self.gpu,

@@ -199,6 +199,13 @@ fn decode_variants_are_bit_identical() {
                 };
                 let ok = hayai_cuda::check::same_results(&m, &o, &u, &p, 100).unwrap();
                 assert!(ok, "gemv_u8 {q:?}");
+                // The attention's L2 prefetch is only a hint.
+                let a = CudaOptions {
+                    attn_prefetch: true,
+                    ..o.clone()
+                };
+                let ok = hayai_cuda::check::same_results(&m, &o, &a, &p, 100).unwrap();
+                assert!(ok, "attention prefetch {q:?}");
             }
         }
     }

@@ -593,6 +593,9 @@ pub struct GpuVariantArgs {
     /// Tiled GEMV with 8 loads in flight per lane.
     #[arg(long)]
     pub gemv_unroll8: bool,
+    /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel.
+    #[arg(long)]
+    pub attn_prefetch: bool,
 }
 
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
