@@ -25,6 +25,16 @@ pub enum Device {
     Cpu,
 }
 
+/// How the CUDA backend feeds a prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Prefill {
+    /// In chunks of up to 256 tokens through tensor-core GEMMs (bf16 activations), the last
+    /// token through the decode step.
+    Batched,
+    /// One decode step per token (f32 activations, as the CPU reference; slow for long prompts).
+    Stepwise,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Quant {
     /// The checkpoint's own weights (dequantized to f32 on the CPU, bf16 on the GPU).
@@ -50,6 +60,9 @@ pub struct ModelArgs {
     /// model (for checkpoints that ship none, e.g. synthetic ones).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// How the CUDA backend feeds prompts (no effect on the CPU).
+    #[arg(long, value_enum, default_value = "batched")]
+    pub prefill: Prefill,
 }
 
 pub struct Loaded {
@@ -134,7 +147,7 @@ pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         Device::Auto => crate::setup::gpu_available(),
     };
     if want_cuda {
-        return crate::setup::cuda_runner(l, args.quant);
+        return crate::setup::cuda_runner(l, args.quant, args.prefill);
     }
     let model = match args.quant {
         Quant::Native => l.model.clone(),

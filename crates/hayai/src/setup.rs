@@ -25,9 +25,14 @@ fn cuda_quant(q: Quant) -> hayai_cuda::Quant {
     }
 }
 
-pub fn cuda_runner(l: &Loaded, quant: Quant) -> Result<Box<dyn Runner>> {
+pub fn cuda_runner(
+    l: &Loaded,
+    quant: Quant,
+    prefill: crate::local::Prefill,
+) -> Result<Box<dyn Runner>> {
     let opts = hayai_cuda::CudaOptions {
         quant: cuda_quant(quant),
+        batched_prefill: prefill == crate::local::Prefill::Batched,
         ..Default::default()
     };
     hayai_cuda::load_runner(l.model.clone(), opts).context("starting the CUDA backend")
