@@ -153,7 +153,7 @@ pub fn prefill_parity(
         batched_prefill: true,
         ..opts.clone()
     };
-    let mut gpu = CudaRunner::new(m, o.clone())?;
+    let mut gpu = CudaRunner::new(m.clone(), o.clone())?;
     let g = all_logits(&mut gpu, prompt)?;
     let mut twin = CpuRunner::new(twin_model.clone())?;
     twin.set_matmul_inputs(MatmulInputs::Bf16);
@@ -161,7 +161,7 @@ pub fn prefill_parity(
     let (max_abs, max_ref, rel_l2, mism) = compare_rows(&g, &c);
     let precise = if precise {
         let mut p = CudaRunner::new(
-            Arc::new(model.clone()),
+            m.clone(),
             CudaOptions {
                 precise_prefill: true,
                 ..o.clone()
@@ -298,21 +298,14 @@ pub fn graph_matches_eager(
     persistent_gemv: bool,
     prompt: &[u32],
 ) -> Result<bool, CudaError> {
-    let m = Arc::new(model.clone());
-    let mut out = Vec::new();
-    for use_graph in [true, false] {
-        let mut r = CudaRunner::new(
-            m.clone(),
-            CudaOptions {
-                quant,
-                max_context: Some(prompt.len() + 1),
-                use_graph,
-                persistent_gemv,
-                batched_prefill: false,
-                ..Default::default()
-            },
-        )?;
-        out.push(all_logits(&mut r, prompt)?);
-    }
-    Ok(out[0] == out[1])
+    let graph = CudaOptions {
+        quant,
+        persistent_gemv,
+        ..Default::default()
+    };
+    let eager = CudaOptions {
+        use_graph: false,
+        ..graph.clone()
+    };
+    same_results(model, &graph, &eager, prompt, 0)
 }

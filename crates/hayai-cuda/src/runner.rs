@@ -1323,6 +1323,7 @@ impl Runner for CudaRunner {
         self.gpu.bind()?;
         self.ensure_graph()?;
         let n = tokens.len();
+        let mut first_step = 0;
         if self.prefill.is_some() && n >= 2 {
             if rows == Rows::All {
                 return self.prefill(tokens, Some(sink));
@@ -1330,15 +1331,9 @@ impl Runner for CudaRunner {
             // Every token but the last in batches; the last through the decode graph, which
             // leaves its logits (and argmax) where a decode step does.
             self.prefill(&tokens[..n - 1], None)?;
-            self.step(tokens[n - 1])?;
-            let mut logits = std::mem::take(&mut self.logits_host);
-            let r = self.gpu.read(self.scratch.logits.ptr(), &mut logits);
-            self.logits_host = logits;
-            r?;
-            sink(n - 1, &self.logits_host);
-            return Ok(());
+            first_step = n - 1;
         }
-        for (i, &t) in tokens.iter().enumerate() {
+        for (i, &t) in tokens.iter().enumerate().skip(first_step) {
             self.step(t)?;
             if rows == Rows::All || i + 1 == n {
                 let mut logits = std::mem::take(&mut self.logits_host);

@@ -3,13 +3,14 @@
 //! Straightforward f32 code organised exactly like the model (GEMMA4.md §3): token batches are
 //! processed layer by layer, K/V appended to per-layer caches, then the final norm and head.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use super::ops::{attend, gelu_tanh, rms_norm_rows, rope, softcap};
 use crate::runner::{Rows, Runner, RunnerInfo};
-use crate::weights::{Matrix, Model};
+use crate::weights::Model;
 use crate::ModelError;
 use half::bf16;
 
@@ -59,13 +60,13 @@ impl MatmulInputs {
     }
 }
 
-/// `w · xs`, the inputs first rounded as `inputs` says.
-fn mm(w: &Matrix, xs: &[f32], ys: &mut [f32], inputs: MatmulInputs) {
+/// `xs` rounded as `inputs` says (borrowed unchanged for f32), for one or more products.
+fn rounded(xs: &[f32], inputs: MatmulInputs) -> Cow<'_, [f32]> {
     if inputs == MatmulInputs::F32 {
-        return w.matmul(xs, ys);
+        Cow::Borrowed(xs)
+    } else {
+        Cow::Owned(xs.par_iter().map(|&v| inputs.apply(v)).collect())
     }
-    let r: Vec<f32> = xs.par_iter().map(|&v| inputs.apply(v)).collect();
-    w.matmul(&r, ys)
 }
 
 impl CpuRunner {
@@ -140,7 +141,7 @@ impl CpuRunner {
         let (n, nl, d) = (tokens.len(), spec.n_layers(), ps.dim);
         let width = nl * d;
         let mut ctx = vec![0.0f32; n * width];
-        mm(&pw.model_proj, x0, &mut ctx, self.inputs);
+        pw.model_proj.matmul(&rounded(x0, self.inputs), &mut ctx);
         let proj_scale = (spec.hidden as f32).powf(-0.5);
         ctx.iter_mut().for_each(|v| *v *= proj_scale);
         rms_norm_rows(&mut ctx, d, Some(&pw.proj_norm), spec.rms_eps);
@@ -173,7 +174,9 @@ impl CpuRunner {
             a.copy_from_slice(&x);
             rms_norm_rows(&mut a, h, Some(&lw.attn_norm), eps);
             let mut q = vec![0.0f32; n * nh * hd];
-            mm(&lw.q, &a, &mut q, round);
+            // One rounded copy of the normed input serves q, k and v.
+            let ar = rounded(&a, round);
+            lw.q.matmul(&ar, &mut q);
             rms_norm_rows(&mut q, hd, Some(&lw.q_norm), eps);
             let inv_freq = &self.inv_freq[li];
             for (t, qt) in q.chunks_exact_mut(nh * hd).enumerate() {
@@ -185,8 +188,8 @@ impl CpuRunner {
                 let (wk, wv) = (lw.k.as_ref().unwrap(), lw.v.as_ref().unwrap());
                 let mut k = vec![0.0f32; n * nkv * hd];
                 let mut v = vec![0.0f32; n * nkv * hd];
-                mm(wk, &a, &mut k, round);
-                mm(wv, &a, &mut v, round);
+                wk.matmul(&ar, &mut k);
+                wv.matmul(&ar, &mut v);
                 rms_norm_rows(&mut k, hd, lw.k_norm.as_deref(), eps);
                 if spec.v_norm {
                     rms_norm_rows(&mut v, hd, None, eps);
@@ -228,7 +231,7 @@ impl CpuRunner {
                 );
             });
             let mut o = vec![0.0f32; n * h];
-            mm(&lw.o, &attn, &mut o, round);
+            lw.o.matmul(&rounded(&attn, round), &mut o);
             rms_norm_rows(&mut o, h, Some(&lw.post_attn_norm), eps);
             x.iter_mut().zip(&o).for_each(|(xv, ov)| *xv += ov);
 
@@ -238,13 +241,14 @@ impl CpuRunner {
             let im = ls.intermediate;
             let mut g = vec![0.0f32; n * im];
             let mut u = vec![0.0f32; n * im];
-            mm(&lw.gate, &a, &mut g, round);
-            mm(&lw.up, &a, &mut u, round);
+            let ar = rounded(&a, round);
+            lw.gate.matmul(&ar, &mut g);
+            lw.up.matmul(&ar, &mut u);
             g.par_iter_mut()
                 .zip(&u)
                 .for_each(|(gv, uv)| *gv = gelu_tanh(*gv) * uv);
             let mut d = vec![0.0f32; n * h];
-            mm(&lw.down, &g, &mut d, round);
+            lw.down.matmul(&rounded(&g, round), &mut d);
             rms_norm_rows(&mut d, h, Some(&lw.post_ffn_norm), eps);
             x.iter_mut().zip(&d).for_each(|(xv, dv)| *xv += dv);
 
@@ -253,7 +257,7 @@ impl CpuRunner {
                 let pd = ps.dim;
                 let width = spec.n_layers() * pd;
                 let mut gg = vec![0.0f32; n * pd];
-                mm(&lp.gate, &x, &mut gg, round);
+                lp.gate.matmul(&rounded(&x, round), &mut gg);
                 for t in 0..n {
                     let pin = &ple[t * width + li * pd..t * width + (li + 1) * pd];
                     for (gv, &pv) in gg[t * pd..(t + 1) * pd].iter_mut().zip(pin) {
@@ -261,7 +265,7 @@ impl CpuRunner {
                     }
                 }
                 let mut pr = vec![0.0f32; n * h];
-                mm(&lp.proj, &gg, &mut pr, round);
+                lp.proj.matmul(&rounded(&gg, round), &mut pr);
                 rms_norm_rows(&mut pr, h, Some(&lp.post_norm), eps);
                 x.iter_mut().zip(&pr).for_each(|(xv, pv)| *xv += pv);
             }
@@ -277,7 +281,10 @@ impl CpuRunner {
     /// Logits of hidden rows `hs` (`m × hidden`) into `out` (`m × vocab`), softcapped.
     fn logits(&self, hs: &[f32], out: &mut [f32]) {
         let spec = &self.model.spec;
-        mm(self.model.weights.lm_head(), hs, out, self.inputs);
+        self.model
+            .weights
+            .lm_head()
+            .matmul(&rounded(hs, self.inputs), out);
         if let Some(c) = spec.final_softcap {
             out.par_iter_mut().for_each(|v| *v = softcap(*v, c));
         }
