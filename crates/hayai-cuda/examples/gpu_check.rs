@@ -1,8 +1,8 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [fuse] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench] [bench]
-//!        [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-bf16] [bench-bf16-tiled]
-//!        (default: all)
+//! usage: gpu_check [parity] [fuse] [single] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench]
+//!        [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-single]
+//!        [bench-bf16] [bench-bf16-tiled] (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -88,6 +88,52 @@ fn main() {
                     format!("tiled pdl=off {}", r.line()),
                 ),
                 Err(e) => check(name, false, e.to_string()),
+            }
+        }
+    }
+    if want("single") {
+        // The single-kernel step against the CPU reference (its K splits differ from the
+        // launch plan's, so the comparison is to tolerance plus greedy identity), graph replay
+        // against eager launch, and the E4B shapes.
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let m = random_model(&small_spec(arch), seed);
+            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+            for q in [Quant::Bf16, Quant::Int4] {
+                for use_graph in [true, false] {
+                    let o = CudaOptions {
+                        single_kernel: true,
+                        use_graph,
+                        batched_prefill: false,
+                        ..opts(q, false)
+                    };
+                    match parity(&m, &o, &p, 300) {
+                        Ok(r) => check(
+                            name,
+                            r.rel_l2 < 1e-4 && r.greedy_identical(),
+                            format!("single-kernel graph {use_graph} {}", r.line()),
+                        ),
+                        Err(e) => check(name, false, e.to_string()),
+                    }
+                }
+            }
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        for q in [Quant::Bf16, Quant::Int4] {
+            let o = CudaOptions {
+                single_kernel: true,
+                ..opts(q, false)
+            };
+            match parity(&m, &o, &p, 8) {
+                Ok(r) => check(
+                    "e4b",
+                    r.rel_l2 < 1e-3 && r.greedy_identical(),
+                    format!("single-kernel {}", r.line()),
+                ),
+                Err(e) => check("e4b", false, e.to_string()),
             }
         }
     }
@@ -309,6 +355,14 @@ fn main() {
             gemv_unroll8: true,
             ..b(Quant::Int4, false)
         });
+    }
+    if want("bench-single") {
+        for quant in [Quant::Int4, Quant::Bf16] {
+            runs.push(BenchOptions {
+                single_kernel: true,
+                ..b(quant, false)
+            });
+        }
     }
     if want("bench-bf16") {
         runs.push(b(Quant::Bf16, true));

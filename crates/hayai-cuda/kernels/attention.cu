@@ -28,49 +28,63 @@ struct AttnParams {
     int own_kv, v_norm;
     float eps;
     int prefetch;          // before the wait: pull this block's first K/V tile into L2
+    int qkv_splits, qkv_ld;  // qkv is the sum of this many partial vectors, qkv_ld apart
 };
 
 #define ATTN_THREADS 128
 #define ATTN_TILE 32
 #define ATTN_MAX_SPLITS 128
 
-__device__ void attn_combine_head(const AttnParams& p, int h, int splits);
+// Shared memory of one attention work item (one block, or one 128-thread group of the
+// persistent decode step).
+struct AttnSmem {
+    float sc[ATTN_TILE];
+    int slot_s[ATTN_TILE];
+    __align__(16) float qs[512];
+    __align__(16) float ks[512];
+    __align__(16) float vs[512];
+    float red[32];
+    float wsh[ATTN_MAX_SPLITS];
+    float tile_m, tile_corr, tile_sum, inv_l;
+    int is_last;
+};
 
-// Loads of a tile are issued together (keys unrolled by 4 in the q.k phase, by 8 in the
-// p.V phase) so a block waits for a few memory round trips, not one per key.
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnParams p) {
-    __shared__ float sc[ATTN_TILE];
-    __shared__ int slot_s[ATTN_TILE];
-    __shared__ __align__(16) float qs[512];
-    __shared__ __align__(16) float ks[512];
-    __shared__ __align__(16) float vs[512];
-    __shared__ float red[32];
-    __shared__ float tile_m, tile_corr, tile_sum;
-    const int s = blockIdx.x, h = blockIdx.y;
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    if (p.prefetch) {
-        // A hint only (an L2 prefetch cannot return stale data), issued before the wait so the
-        // cache rows arrive while the previous kernel finishes: the keys before `pos` of this
-        // block's first tile, K and V, one 128-byte line per request. `pos` (step_io) was
-        // written by the previous step or the host, both ordered before this step began.
-        const int ppos = *p.pos;
-        const int pn = p.window > 0 ? min(ppos + 1, p.window) : ppos + 1;
-        const int pchunk = (pn + p.splits - 1) / p.splits;
-        const int pk0 = s * pchunk, pk1 = min(min(pn, pk0 + pchunk), pk0 + ATTN_TILE);
-        const int pfirst = ppos + 1 - pn;
-        const int pg = h / (p.nh / p.nkv);
-        const int lines = p.hd >> 5;  // 128-byte lines per row
-        for (int i = t; i < (pk1 - pk0) * lines * 2; i += ATTN_THREADS) {
-            const int kp = pfirst + pk0 + i / (2 * lines);
-            if (kp >= ppos) continue;
-            const int rem = i % (2 * lines);
-            const float* base = rem < lines ? p.k_cache : p.v_cache;
-            const float* row = base + ((size_t)pg * p.cap + kp % p.cap) * p.hd;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 32 * (rem % lines)));
-        }
+template <class G>
+__device__ void attn_combine_head(const AttnParams& p, int h, int splits, AttnSmem& sm, G g);
+
+// Pull the first K/V tile of split s of head h into L2 (a hint; see AttnParams::prefetch).
+__device__ void attn_prefetch_tile(const AttnParams& p, int s, int h, int t, int nt) {
+    // The keys before `pos` of this block's first tile, K and V, one 128-byte line per request.
+    // `pos` (step_io) was written by the previous step or the host, both ordered before this
+    // step began.
+    const int ppos = *p.pos;
+    const int pn = p.window > 0 ? min(ppos + 1, p.window) : ppos + 1;
+    const int pchunk = (pn + p.splits - 1) / p.splits;
+    const int pk0 = s * pchunk, pk1 = min(min(pn, pk0 + pchunk), pk0 + ATTN_TILE);
+    const int pfirst = ppos + 1 - pn;
+    const int pg = h / (p.nh / p.nkv);
+    const int lines = p.hd >> 5;  // 128-byte lines per row
+    for (int i = t; i < (pk1 - pk0) * lines * 2; i += nt) {
+        const int kp = pfirst + pk0 + i / (2 * lines);
+        if (kp >= ppos) continue;
+        const int rem = i % (2 * lines);
+        const float* base = rem < lines ? p.k_cache : p.v_cache;
+        const float* row = base + ((size_t)pg * p.cap + kp % p.cap) * p.hd;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 32 * (rem % lines)));
     }
-    pdl_wait();
-    pdl_launch_dependents();
+}
+
+// Split s of head h, run by the 128 threads of `g` (see attn_split). KU keys per warp are
+// loaded together in the q.k phase, VU in the p.V phase (fewer: fewer registers).
+template <class G, int KU = 4, int VU = 8>
+__device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr) {
+    float* const sc = sm.sc;
+    int* const slot_s = sm.slot_s;
+    float* const qs = sm.qs;
+    float* const ks = sm.ks;
+    float* const vs = sm.vs;
+    float* const red = sm.red;
+    const int t = gr.t(), lane = t & 31, warp = t >> 5;
     const int pos = *p.pos;
     const int n_keys = p.window > 0 ? min(pos + 1, p.window) : pos + 1;
     const int first = pos + 1 - n_keys;
@@ -86,13 +100,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     const bool fresh = p.qkv && p.own_kv && k1 == n_keys && k0 < k1;
     const float* qsrc = p.q + (size_t)h * p.hd;
     if (p.qkv) {
-        norm_rope_head(p.qkv + (size_t)h * p.hd, qs, p.q_norm, p.inv_freq, p.hd, pos, true, p.eps, red);
+        norm_rope_head(p.qkv + (size_t)h * p.hd, p.qkv_splits, p.qkv_ld, qs, p.q_norm, p.inv_freq, p.hd, pos,
+                       true, p.eps, red, gr);
         qsrc = qs;
         if (fresh) {
             const float* kv0 = p.qkv + (size_t)p.nh * p.hd;
-            norm_rope_head(kv0 + (size_t)g * p.hd, ks, p.k_norm, p.inv_freq, p.hd, pos, true, p.eps, red);
-            norm_rope_head(kv0 + (size_t)(p.nkv + g) * p.hd, vs, nullptr, nullptr, p.hd, pos,
-                           p.v_norm != 0, p.eps, red);
+            norm_rope_head(kv0 + (size_t)g * p.hd, p.qkv_splits, p.qkv_ld, ks, p.k_norm, p.inv_freq,
+                           p.hd, pos, true, p.eps, red, gr);
+            norm_rope_head(kv0 + (size_t)(p.nkv + g) * p.hd, p.qkv_splits, p.qkv_ld, vs, nullptr,
+                           nullptr, p.hd, pos, p.v_norm != 0, p.eps, red, gr);
             // One block per KV head stores the new entry; the others use their own copy.
             if (h % (p.nh / p.nkv) == 0) {
                 const size_t base = (size_t)(pos % p.cap) * p.hd;
@@ -113,11 +129,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
         const int nt = min(ATTN_TILE, k1 - t0);
         // q.k: warp w takes keys w*8 .. w*8+7 of the tile, four at a time.
 #pragma unroll
-        for (int jj = 0; jj < 8; jj += 4) {
-            float4 kk[4][4];
-            int slots[4];
+        for (int jj = 0; jj < 8; jj += KU) {
+            float4 kk[KU][4];
+            int slots[KU];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < KU; u++) {
                 const int j = warp * 8 + jj + u;
                 const int kp = first + t0 + min(j, nt - 1);
                 slots[u] = kp % p.cap;
@@ -127,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
                     if (i < nv && j < nt) kk[u][i] = *(const float4*)(kr + 128 * i);
             }
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < KU; u++) {
                 const int j = warp * 8 + jj + u;
                 float d = 0.f;
 #pragma unroll
@@ -148,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
                 }
             }
         }
-        __syncthreads();
+        gr.sync();
         // Warp 0: one key per lane; tile max, probabilities and their sum.
         if (warp == 0) {
             const float v = lane < nt ? sc[lane] : -INFINITY;
@@ -157,21 +173,21 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
             const float sum = warp_sum(pj);
             sc[lane] = pj;
             if (lane == 0) {
-                tile_m = mn;
-                tile_corr = expf(m - mn);
-                tile_sum = sum;
+                sm.tile_m = mn;
+                sm.tile_corr = expf(m - mn);
+                sm.tile_sum = sum;
             }
         }
-        __syncthreads();
-        const float corr = tile_corr;
-        m = tile_m;
-        l = l * corr + tile_sum;
+        gr.sync();
+        const float corr = sm.tile_corr;
+        m = sm.tile_m;
+        l = l * corr + sm.tile_sum;
 #pragma unroll
         for (int d = 0; d < 4; d++) acc[d] *= corr;
-        for (int j0 = 0; j0 < nt; j0 += 8) {
-            float vv[8][4];
+        for (int j0 = 0; j0 < nt; j0 += VU) {
+            float vv[VU][4];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
+            for (int u = 0; u < VU; u++) {
                 const int sl = slot_s[min(j0 + u, nt - 1)];
                 const float* vr = (sl < 0 ? vs : V + (size_t)sl * p.hd) + t;
 #pragma unroll
@@ -179,14 +195,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
                     if (d < nv) vv[u][d] = vr[128 * d];
             }
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
+            for (int u = 0; u < VU; u++) {
                 const float pj = j0 + u < nt ? sc[j0 + u] : 0.f;
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     if (d < nv) acc[d] = fmaf(pj, vv[u][d], acc[d]);
             }
         }
-        __syncthreads();
+        gr.sync();
     }
     const size_t pi = (size_t)h * p.splits + s;
     if (t == 0) {
@@ -198,24 +214,31 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
         if (d < nv) p.part_acc[pi * p.hd + t + 128 * d] = acc[d];
     if (p.counters == nullptr) return;
     // The last block of this head to finish merges the splits (no separate launch).
-    __shared__ int is_last;
     __threadfence();
-    __syncthreads();
-    if (t == 0) is_last = atomicAdd(p.counters + h, 1) == splits - 1;
-    __syncthreads();
-    if (!is_last) return;
+    gr.sync();
+    if (t == 0) sm.is_last = atomicAdd(p.counters + h, 1) == splits - 1;
+    gr.sync();
+    if (!sm.is_last) return;
     __threadfence();
-    attn_combine_head(p, h, splits);
+    attn_combine_head(p, h, splits, sm, gr);
     if (t == 0) p.counters[h] = 0;
 }
 
 
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnParams p) {
+    __shared__ AttnSmem sm;
+    if (p.prefetch) attn_prefetch_tile(p, blockIdx.x, blockIdx.y, threadIdx.x, ATTN_THREADS);
+    pdl_wait();
+    pdl_launch_dependents();
+    attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{});
+}
+
 // Merge the splits of head h (128 threads). Split weights are computed once into shared
 // memory, then every thread adds its dims over the splits with independent loads.
-__device__ void attn_combine_head(const AttnParams& p, int h, int splits) {
-    __shared__ float wsh[ATTN_MAX_SPLITS];
-    __shared__ float inv_l;
-    const int t = threadIdx.x, nv = p.hd >> 7;
+template <class G>
+__device__ void attn_combine_head(const AttnParams& p, int h, int splits, AttnSmem& sm, G gr) {
+    float* const wsh = sm.wsh;
+    const int t = gr.t(), nv = p.hd >> 7;
     if (t < 32) {
         float mx = -INFINITY;
         for (int s = t; s < splits; s += 32) mx = fmaxf(mx, __ldcg(p.part_ml + 2 * ((size_t)h * p.splits + s)));
@@ -229,9 +252,9 @@ __device__ void attn_combine_head(const AttnParams& p, int h, int splits) {
             L = fmaf(__ldcg(p.part_ml + 2 * pi + 1), e, L);
         }
         L = warp_sum(L);
-        if (t == 0) inv_l = 1.f / L;
+        if (t == 0) sm.inv_l = 1.f / L;
     }
-    __syncthreads();
+    gr.sync();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
     for (int s = 0; s < splits; s++) {
@@ -241,7 +264,7 @@ __device__ void attn_combine_head(const AttnParams& p, int h, int splits) {
         for (int d = 0; d < 4; d++)
             if (d < nv) acc[d] = fmaf(__ldcg(a + 128 * d), e, acc[d]);
     }
-    const float inv = inv_l;
+    const float inv = sm.inv_l;
 #pragma unroll
     for (int d = 0; d < 4; d++)
         if (d < nv) p.out[(size_t)h * p.hd + t + 128 * d] = acc[d] * inv;

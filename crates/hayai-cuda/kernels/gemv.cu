@@ -23,13 +23,19 @@ struct GemvParams {
     int in_splits, in_ld;
     float res_scalar, eps, gather_scale;
     int int4;
+    int in_glu;              // `in` holds interleaved (gate, up) partials: x = gelu(gate) * up
 };
 
 // Builds x (length cols, a multiple of 4) in shared memory. Loads are float4 and independent
 // across iterations so the prologue costs a few L2 round trips, not one per element. When
 // `scaled_store`, stores x[j] * 2^(-4 (j % 4)) for the int4 dequantization trick (see below).
+// STEP: the single-kernel decode step's variant (kernels/step.cu), which also reads GeGLU
+// partials (`in_glu`) and requests split partials four at a time; the launch-per-operation
+// kernels keep the plain loop (fewer registers: their occupancy depends on it).
+template <bool STEP = false>
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store) {
     const int n4 = p.cols >> 2;
+    // One block writes the new residual (for the persistent decode step: block 0 of its grid).
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
     float4* x4 = (float4*)xs;
     float ss_res = 0.f;
@@ -41,6 +47,45 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             const float sc = p.gather_scale;
             v = make_float4(bf16_lo(b.x) * sc, bf16_hi(b.x) * sc, bf16_lo(b.y) * sc, bf16_hi(b.y) * sc);
             if (first && p.res_out) ((float4*)p.res_out)[j] = v;
+        } else if (STEP && p.in_glu) {
+            // Partials requested four splits at a time, added in split order.
+            float4 a = ((const float4*)p.in)[2 * j], b = ((const float4*)p.in)[2 * j + 1];
+            for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
+                float4 c[4], d[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (s0 + k < p.in_splits) {
+                        const float4* q = (const float4*)(p.in + (size_t)(s0 + k) * p.in_ld);
+                        c[k] = q[2 * j];
+                        d[k] = q[2 * j + 1];
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (s0 + k < p.in_splits) {
+                        a.x += c[k].x; a.y += c[k].y; a.z += c[k].z; a.w += c[k].w;
+                        b.x += d[k].x; b.y += d[k].y; b.z += d[k].z; b.w += d[k].w;
+                    }
+                }
+            }
+            v = make_float4(gelu_tanh(a.x) * a.y, gelu_tanh(a.z) * a.w, gelu_tanh(b.x) * b.y,
+                            gelu_tanh(b.z) * b.w);
+        } else if (STEP) {
+            // Partials requested four at a time (a memory round trip per four splits, not per
+            // split), added in split order.
+            v = ((const float4*)p.in)[j];
+            for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
+                float4 u[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    if (s0 + k < p.in_splits) u[k] = ((const float4*)(p.in + (size_t)(s0 + k) * p.in_ld))[j];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (s0 + k < p.in_splits) {
+                        v.x += u[k].x; v.y += u[k].y; v.z += u[k].z; v.w += u[k].w;
+                    }
+                }
+            }
         } else {
             v = ((const float4*)p.in)[j];
             for (int s = 1; s < p.in_splits; s++) {

@@ -2,20 +2,55 @@
 #pragma once
 #include "common.cuh"
 
-// RMSNorm (optional weight) + optional RoPE of one head from `src` into shared `dst`.
-__device__ void norm_rope_head(const float* src, float* dst, const float* w, const float* inv_freq,
-                               int hd, int pos, bool norm, float eps, float* red) {
+// The threads that run a piece of work together: a whole block, or a 128-thread group of one
+// (the persistent decode step runs two attention items per block) with its own named barrier.
+struct BlockThreads {
+    __device__ __forceinline__ int t() const { return threadIdx.x; }
+    __device__ __forceinline__ int n() const { return blockDim.x; }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
+struct GroupThreads {
+    int id;  // named barrier 1.. (0 is __syncthreads)
+    __device__ __forceinline__ int t() const { return threadIdx.x & 127; }
+    __device__ __forceinline__ int n() const { return 128; }
+    __device__ __forceinline__ void sync() const {
+        asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+    }
+};
+
+// Sum over the threads of `g`; every thread gets the result. `scratch` holds >= 32 floats.
+template <class G>
+__device__ __forceinline__ float group_sum(float v, float* scratch, G g) {
+    const int lane = g.t() & 31, warp = g.t() >> 5;
+    const int nwarps = (g.n() + 31) >> 5;
+    v = warp_sum(v);
+    g.sync();
+    if (lane == 0) scratch[warp] = v;
+    g.sync();
+    float t = 0.f;
+    for (int i = 0; i < nwarps; i++) t += scratch[i];
+    return t;
+}
+
+// RMSNorm (optional weight) + optional RoPE of one head into shared `dst`; the head is the sum
+// of `splits` partial vectors `ld` apart starting at `src` (added in order).
+template <class G>
+__device__ void norm_rope_head(const float* src, int splits, int ld, float* dst, const float* w,
+                               const float* inv_freq, int hd, int pos, bool norm, float eps,
+                               float* red, G g) {
     const int half = hd >> 1;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        const float v = src[i];
+    for (int i = g.t(); i < hd; i += g.n()) {
+        float v = src[i];
+        for (int s = 1; s < splits; s++) v += src[i + (size_t)s * ld];
         dst[i] = v;
         ss += v * v;
     }
-    const float tot = block_sum(ss, red);
+    const float tot = group_sum(ss, red, g);
     const float r = norm ? rsqrtf(tot / (float)hd + eps) : 1.f;
-    __syncthreads();
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    g.sync();
+    for (int i = g.t(); i < half; i += g.n()) {
         float a = dst[i], c = dst[i + half];
         if (norm) {
             a *= r;
@@ -35,5 +70,11 @@ __device__ void norm_rope_head(const float* src, float* dst, const float* w, con
         dst[i] = a;
         dst[i + half] = c;
     }
-    __syncthreads();
+    g.sync();
+}
+
+__device__ __forceinline__ void norm_rope_head(const float* src, float* dst, const float* w,
+                                               const float* inv_freq, int hd, int pos, bool norm,
+                                               float eps, float* red) {
+    norm_rope_head(src, 1, 0, dst, w, inv_freq, hd, pos, norm, eps, red, BlockThreads{});
 }

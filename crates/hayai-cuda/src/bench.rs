@@ -29,6 +29,8 @@ pub struct BenchOptions {
     pub gemv_unroll8: bool,
     /// See [`CudaOptions::attn_prefetch`].
     pub attn_prefetch: bool,
+    /// See [`CudaOptions::single_kernel`].
+    pub single_kernel: bool,
 }
 
 impl Default for BenchOptions {
@@ -44,6 +46,7 @@ impl Default for BenchOptions {
             fuse_ple: false,
             gemv_unroll8: false,
             attn_prefetch: false,
+            single_kernel: false,
         }
     }
 }
@@ -66,6 +69,7 @@ pub struct BenchReport {
     pub fuse_ple: bool,
     pub gemv_unroll8: bool,
     pub attn_prefetch: bool,
+    pub single_kernel: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -92,10 +96,11 @@ impl BenchReport {
             "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
-            match (self.persistent_gemv, self.gemv_unroll8) {
-                (true, _) => "persistent",
-                (false, true) => "tiled, 8 loads in flight",
-                (false, false) => "tiled",
+            match (self.single_kernel, self.persistent_gemv, self.gemv_unroll8) {
+                (true, _, _) => "single-kernel step",
+                (false, true, _) => "persistent",
+                (false, false, true) => "tiled, 8 loads in flight",
+                (false, false, false) => "tiled",
             },
             if self.pdl { "on" } else { "off" },
             if self.fuse_ple { "on" } else { "off" },
@@ -188,6 +193,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             fuse_ple: opts.fuse_ple,
             gemv_unroll8: opts.gemv_unroll8,
             attn_prefetch: opts.attn_prefetch,
+            single_kernel: opts.single_kernel,
             ..Default::default()
         },
     )?;
@@ -247,6 +253,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         fuse_ple: opts.fuse_ple,
         gemv_unroll8: opts.gemv_unroll8,
         attn_prefetch: opts.attn_prefetch,
+        single_kernel: opts.single_kernel,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

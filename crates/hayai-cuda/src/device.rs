@@ -72,6 +72,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "pf_qkv",
     "pf_attention",
     "pf_gemm",
+    "decode_step_s6",
+    "decode_step_s3",
 ];
 
 impl Gpu {

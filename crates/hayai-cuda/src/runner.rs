@@ -71,6 +71,11 @@ pub struct CudaOptions {
     /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel
     /// (a prefetch hint; results unchanged). Off until measured.
     pub attn_prefetch: bool,
+    /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
+    /// between operations, each warp streaming its share of every GEMV's weights through a
+    /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
+    /// so its sums are ordered differently (same tolerance to the CPU reference).
+    pub single_kernel: bool,
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
@@ -93,6 +98,7 @@ impl Default for CudaOptions {
             fuse_ple: false,
             gemv_unroll8: false,
             attn_prefetch: false,
+            single_kernel: false,
             batched_prefill: true,
             precise_prefill: false,
         }
@@ -169,6 +175,7 @@ struct GemvParams {
     eps: f32,
     gather_scale: f32,
     int4: i32,
+    in_glu: i32,
 }
 
 #[repr(C)]
@@ -198,6 +205,8 @@ struct AttnParams {
     v_norm: i32,
     eps: f32,
     prefetch: i32,
+    qkv_splits: i32,
+    qkv_ld: i32,
 }
 
 #[repr(C)]
@@ -247,6 +256,26 @@ pub(crate) struct BwParams {
     pub sink: u64,
 }
 
+/// Bytes of one operation of the single-kernel step (kernels/step.cu `StepOp`).
+const STEP_OP_BYTES: usize = 256;
+/// Threads, warps and 16-byte chunks per lane and ring stage of the single-kernel step.
+const STEP_WARPS: usize = 8;
+const STEP_U: usize = 4;
+/// Shared memory of two attention items (kernels/attention.cu `AttnSmem`, 7,072 bytes each).
+const STEP_ATTN_FLOATS: usize = 2 * 7072 / 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct StepParams {
+    ops: u64,
+    barrier: u64,
+    timing: u64,
+    n_ops: i32,
+    first_gemv: i32,
+    x_floats: i32,
+    argmax_blocks: i32,
+}
+
 /// Kernels written for programmatic dependent launch: each calls `pdl_wait` (kernels/common.cuh)
 /// in every thread before it reads anything an earlier kernel writes and before any global write.
 /// Only these get the launch attribute; any other kernel launches plainly.
@@ -264,6 +293,7 @@ const PDL_KERNELS: &[&str] = &[
 /// One recorded kernel launch of the decode plan.
 pub(crate) struct Launch {
     pub label: &'static str,
+    kernel: &'static str,
     func: sys::CUfunction,
     grid: (u32, u32, u32),
     block: u32,
@@ -277,7 +307,7 @@ impl Launch {
     fn new<P: Copy>(
         gpu: &Gpu,
         label: &'static str,
-        kernel: &str,
+        kernel: &'static str,
         grid: (u32, u32, u32),
         block: u32,
         smem: u32,
@@ -295,6 +325,7 @@ impl Launch {
         }
         Launch {
             label,
+            kernel,
             func: gpu.func(kernel),
             grid,
             block,
@@ -354,6 +385,9 @@ impl Launch {
 struct DevMat {
     w: u64,
     scales: u64,
+    /// int4 scales again in the single-kernel step's octet layout ([rows/8][cols/128][8] bf16,
+    /// rows padded with zeros), when that step is in use; else 0.
+    scales_oct: u64,
     rows: usize,
     cols: usize,
     int4: bool,
@@ -368,6 +402,7 @@ fn upload_mats(
     mats: &[&hayai_model::Matrix],
     interleave: bool,
     quant: Quant,
+    octet_scales: bool,
 ) -> Result<DevMat, CudaError> {
     let cols = mats[0].cols;
     if mats.iter().any(|m| m.cols != cols) {
@@ -401,14 +436,22 @@ fn upload_mats(
         }
         let wb = gpu.upload(&packed)?;
         let sb = gpu.upload(&scales)?;
+        let mut bufs = vec![wb, sb];
+        let mut scales_oct = 0;
+        if octet_scales {
+            let ob = gpu.upload(&octet_layout(&scales, rows, g))?;
+            scales_oct = ob.ptr();
+            bufs.push(ob);
+        }
         return Ok(DevMat {
-            w: wb.ptr(),
-            scales: sb.ptr(),
+            w: bufs[0].ptr(),
+            scales: bufs[1].ptr(),
+            scales_oct,
             rows,
             cols,
             int4: true,
             bytes: packed.len() + scales.len() * 2,
-            _bufs: vec![wb, sb],
+            _bufs: bufs,
         });
     }
     if cols % 32 != 0 {
@@ -425,12 +468,25 @@ fn upload_mats(
     Ok(DevMat {
         w: wb.ptr(),
         scales: 0,
+        scales_oct: 0,
         rows,
         cols,
         int4: false,
         bytes: data.len() * 2,
         _bufs: vec![wb],
     })
+}
+
+/// Row-major `[rows][groups]` scales as `[rows/8][groups][8]` (rows padded with zeros).
+fn octet_layout<T: Copy + Default>(scales: &[T], rows: usize, groups: usize) -> Vec<T> {
+    let octets = rows.div_ceil(8);
+    let mut out = vec![T::default(); octets * groups * 8];
+    for r in 0..rows {
+        for g in 0..groups {
+            out[((r / 8) * groups + g) * 8 + r % 8] = scales[r * groups + g];
+        }
+    }
+    out
 }
 
 struct DevLayer {
@@ -504,6 +560,8 @@ pub struct CudaRunner {
     ple_model: Option<DevMat>,
     ple_norm: Option<DevBuf>,
     final_norm: DevBuf,
+    /// The single-kernel step's operation list and barrier counter.
+    step_bufs: Vec<DevBuf>,
     gpu: Gpu,
     model: Arc<Model>,
     info: RunnerInfo,
@@ -514,6 +572,10 @@ pub struct CudaRunner {
     /// The tiled GEMV kernel's name (`gemv` or `gemv_u8`).
     tiled_gemv: &'static str,
     attn_prefetch: bool,
+    /// The single-kernel step's launch shape, when it is in use.
+    step_kernel: Option<StepConfig>,
+    /// Its launch with timing on, the operations' labels and the timing buffer ([ops][2] u64).
+    step_profile: Option<(Launch, Vec<&'static str>, u64)>,
     /// Resident GEMV blocks per SM by dynamic shared memory size (persistent grid sizing).
     gemv_occupancy: std::cell::RefCell<Vec<(&'static str, usize, usize)>>,
     len: usize,
@@ -525,6 +587,64 @@ pub struct CudaRunner {
 // SAFETY: the runner owns its context, stream, graph and buffers exclusively; it is used by
 // one thread at a time (`&mut self`) and binds the context to the calling thread first.
 unsafe impl Send for CudaRunner {}
+
+/// A GEMV's output as its consumer reads it: `splits` partial vectors `ld` apart, added in
+/// order; `glu`: interleaved (gate, up) rows, combined as gelu(gate) * up.
+#[derive(Clone, Copy)]
+struct Act {
+    ptr: u64,
+    splits: usize,
+    ld: usize,
+    glu: bool,
+}
+
+impl Act {
+    fn whole(ptr: u64, len: usize) -> Act {
+        Act {
+            ptr,
+            splits: 1,
+            ld: len,
+            glu: false,
+        }
+    }
+
+    /// Make `p`'s prologue read this vector.
+    fn feed(&self, p: &mut GemvParams) {
+        p.input = self.ptr;
+        p.in_splits = self.splits as i32;
+        p.in_ld = self.ld as i32;
+        p.in_glu = self.glu as i32;
+    }
+}
+
+/// Launch shape of the single-kernel step (kernels/step.cu).
+struct StepConfig {
+    kernel: &'static str,
+    grid: usize,
+    smem: usize,
+    x_floats: usize,
+    /// Warps of the whole grid (the GEMV work is dealt out over them).
+    warps: usize,
+}
+
+/// K splits of a GEMV in the single-kernel step, whose `warps` each take items (octet, split) in
+/// turn: the split that minimizes the busiest warp's work (units, plus ~2 units' worth per item
+/// for its reduction and store, plus the consumer's extra partial reads), never an empty split.
+fn step_splits(rows: usize, units: usize, warps: usize) -> usize {
+    let octets = rows.div_ceil(8).max(1);
+    let mut best = (usize::MAX, 1);
+    for s in 1..=MAX_SPLITS.min(units.max(1)) {
+        let per = units.div_ceil(s);
+        if (s - 1) * per >= units {
+            continue;
+        }
+        let cost = (octets * s).div_ceil(warps) * (per + 2) * 4 + s;
+        if cost < best.0 {
+            best = (cost, s);
+        }
+    }
+    best.1
+}
 
 /// Split-K factor: enough warps to fill the GPU, never under 4 units (16-byte loads per lane)
 /// per split. Every block recomputes the GEMV prologue, so more blocks than the GPU holds at
@@ -550,6 +670,7 @@ impl CudaRunner {
         let w = &model.weights;
         let q = opts.quant;
         let sm = gpu.sm_count as usize;
+        let oct = opts.single_kernel;
 
         let mut layers = Vec::with_capacity(spec.n_layers());
         for (i, (ls, lw)) in spec.layers.iter().zip(&w.layers).enumerate() {
@@ -559,9 +680,9 @@ impl CudaRunner {
                 let (k, v) = k.zip(v).ok_or_else(|| {
                     CudaError::Model(ModelError::MissingTensor(format!("layers.{i}.k/v")))
                 })?;
-                upload_mats(&gpu, &[&lw.q, k, v], false, q)?
+                upload_mats(&gpu, &[&lw.q, k, v], false, q, oct)?
             } else {
-                upload_mats(&gpu, &[&lw.q], false, q)?
+                upload_mats(&gpu, &[&lw.q], false, q, oct)?
             };
             let cap = if ls.sliding {
                 (spec.sliding_window + RING_SLACK).min(max_ctx)
@@ -581,17 +702,17 @@ impl CudaRunner {
             };
             let (ple_gate, ple_proj, ple_post) = match &lw.ple {
                 Some(p) => (
-                    Some(upload_mats(&gpu, &[&p.gate], false, q)?),
-                    Some(upload_mats(&gpu, &[&p.proj], false, q)?),
+                    Some(upload_mats(&gpu, &[&p.gate], false, q, oct)?),
+                    Some(upload_mats(&gpu, &[&p.proj], false, q, oct)?),
                     Some(gpu.upload(&p.post_norm)?),
                 ),
                 None => (None, None, None),
             };
             layers.push(DevLayer {
                 qkv,
-                o: upload_mats(&gpu, &[&lw.o], false, q)?,
-                gateup: upload_mats(&gpu, &[&lw.gate, &lw.up], true, q)?,
-                down: upload_mats(&gpu, &[&lw.down], false, q)?,
+                o: upload_mats(&gpu, &[&lw.o], false, q, oct)?,
+                gateup: upload_mats(&gpu, &[&lw.gate, &lw.up], true, q, oct)?,
+                down: upload_mats(&gpu, &[&lw.down], false, q, oct)?,
                 ple_gate,
                 ple_proj,
                 attn_norm: gpu.upload(&lw.attn_norm)?,
@@ -614,19 +735,20 @@ impl CudaRunner {
             (None, Quant::Bf16) => DevMat {
                 w: embed.ptr(),
                 scales: 0,
+                scales_oct: 0,
                 rows: w.embed.rows,
                 cols: w.embed.cols,
                 int4: false,
                 bytes: w.embed.rows * w.embed.cols * 2,
                 _bufs: Vec::new(),
             },
-            (None, Quant::Int4) => upload_mats(&gpu, &[&w.embed], false, q)?,
-            (Some(h), _) => upload_mats(&gpu, &[h], false, q)?,
+            (None, Quant::Int4) => upload_mats(&gpu, &[&w.embed], false, q, oct)?,
+            (Some(h), _) => upload_mats(&gpu, &[h], false, q, oct)?,
         };
         let (ple_table, ple_model, ple_norm) = match &w.ple {
             Some(p) => (
                 Some(gpu.upload(&to_bf16_bits(&p.table))?),
-                Some(upload_mats(&gpu, &[&p.model_proj], false, q)?),
+                Some(upload_mats(&gpu, &[&p.model_proj], false, q, oct)?),
                 Some(gpu.upload(&p.proj_norm)?),
             ),
             None => (None, None, None),
@@ -732,6 +854,9 @@ impl CudaRunner {
             fuse_ple: opts.fuse_ple,
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             attn_prefetch: opts.attn_prefetch,
+            step_kernel: None,
+            step_profile: None,
+            step_bufs: Vec::new(),
             gemv_occupancy: Default::default(),
             len: 0,
             dev_io: None,
@@ -739,12 +864,144 @@ impl CudaRunner {
             model,
             gpu,
         };
+        if opts.single_kernel {
+            r.step_kernel = Some(r.step_config(max_cols)?);
+        }
         r.plan = r.build_plan(sm)?;
+        if r.step_kernel.is_some() {
+            r.plan = vec![r.step_launch()?];
+        }
         if opts.batched_prefill {
             r.prefill = Some(r.alloc_prefill(opts.precise_prefill)?);
         }
         gpu_sync(&r.gpu)?;
         Ok(r)
+    }
+
+    /// Shared memory, ring depth and grid of the single-kernel step on this GPU.
+    fn step_config(&self, max_cols: usize) -> Result<StepConfig, CudaError> {
+        let spec = &self.model.spec;
+        if let Some(p) = &spec.ple {
+            if p.dim > 256 {
+                return Err(CudaError::Unsupported(format!(
+                    "single-kernel step: per-layer embedding width {} (at most 256)",
+                    p.dim
+                )));
+            }
+        }
+        let x_floats = max_cols.max(STEP_ATTN_FLOATS).next_multiple_of(4);
+        let optin = self.gpu.max_smem_optin()?;
+        let stage = STEP_WARPS * STEP_U * (32 + 1) * 16;
+        // Three ring stages (measured faster than six on the H200: docs/performance.md);
+        // HAYAI_STEP_STAGES=6 selects the deep ring for measurements.
+        let (kernel, stages) = match std::env::var("HAYAI_STEP_STAGES").as_deref() {
+            Ok("6") => ("decode_step_s6", 6),
+            _ => ("decode_step_s3", 3),
+        };
+        let smem = x_floats * 4 + stages * stage;
+        if smem > optin {
+            return Err(CudaError::Unsupported(format!(
+                "single-kernel step: GEMV width {max_cols} needs {smem} bytes of shared memory, the GPU has {optin}"
+            )));
+        }
+        self.gpu.set_max_dynamic_smem(kernel, smem)?;
+        let per_sm = unsafe {
+            cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+                self.gpu.func(kernel),
+                256,
+                smem,
+            )
+        }
+        .map_err(drv)? as usize;
+        if per_sm == 0 {
+            return Err(CudaError::Unsupported(
+                "single-kernel step: no block fits on an SM".into(),
+            ));
+        }
+        let grid = per_sm * self.gpu.sm_count as usize;
+        Ok(StepConfig {
+            kernel,
+            grid,
+            smem,
+            x_floats,
+            warps: grid * STEP_WARPS,
+        })
+    }
+
+    /// The recorded launch plan as the single-kernel step's operation list, uploaded, and the
+    /// one launch that runs it.
+    fn step_launch(&mut self) -> Result<Launch, CudaError> {
+        let cfg = self.step_kernel.as_ref().expect("step config");
+        let kinds: Vec<i32> = self
+            .plan
+            .iter()
+            .map(|l| match l.kernel {
+                "gemv" => Ok(0),
+                "attn_split" => Ok(1),
+                "ple_combine" => Ok(2),
+                "argmax_stage1" => Ok(3),
+                "argmax_stage2" => Ok(4),
+                k => Err(CudaError::Unsupported(format!(
+                    "single-kernel step: no operation for kernel {k}"
+                ))),
+            })
+            .collect::<Result<_, _>>()?;
+        let n = kinds.len();
+        let mut bytes = vec![0u8; n * STEP_OP_BYTES];
+        let mut next = n as i32;
+        for i in (0..n).rev() {
+            let op = &mut bytes[i * STEP_OP_BYTES..(i + 1) * STEP_OP_BYTES];
+            op[0..4].copy_from_slice(&kinds[i].to_le_bytes());
+            op[4..8].copy_from_slice(&next.to_le_bytes());
+            let params: Vec<u8> = self.plan[i]
+                .params
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            if params.len() > STEP_OP_BYTES - 8 {
+                return Err(CudaError::Unsupported(format!(
+                    "single-kernel step: {} parameters exceed an operation",
+                    self.plan[i].label
+                )));
+            }
+            op[8..8 + params.len()].copy_from_slice(&params);
+            if kinds[i] == 0 {
+                next = i as i32;
+            }
+        }
+        let first_gemv = next;
+        let ops = self.gpu.upload(&bytes)?;
+        let barrier = self.gpu.alloc(16)?;
+        let timing = self.gpu.alloc(n * 32)?;
+        let p = StepParams {
+            ops: ops.ptr(),
+            barrier: barrier.ptr(),
+            timing: 0,
+            n_ops: n as i32,
+            first_gemv,
+            x_floats: cfg.x_floats as i32,
+            argmax_blocks: ARGMAX_BLOCKS as i32,
+        };
+        let launch = |p: &StepParams| {
+            Launch::new(
+                &self.gpu,
+                "decode_step",
+                cfg.kernel,
+                (cfg.grid as u32, 1, 1),
+                256,
+                cfg.smem as u32,
+                p,
+            )
+        };
+        let l = launch(&p);
+        let profiled = launch(&StepParams {
+            timing: timing.ptr(),
+            ..p
+        });
+        let labels = self.plan.iter().map(|l| l.label).collect();
+        self.step_profile = Some((profiled, labels, timing.ptr()));
+        self.step_bufs = vec![ops, barrier, timing];
+        Ok(l)
     }
 
     /// `p` completed for matrix `m`: weights, shapes, outputs, split-K bookkeeping.
@@ -778,7 +1035,24 @@ impl CudaRunner {
         (out, fin): (u64, u64),
         splits: usize,
         p: GemvParams,
-    ) -> (Launch, u64) {
+    ) -> (Launch, Act) {
+        if self.step_kernel.is_some() {
+            // The single-kernel step: partials stay in `out` ([splits][rows]) for the consumer's
+            // prologue; GeGLU is applied there too (`in_glu`); octet-layout scales.
+            let glu = p.glu != 0;
+            let mut p = self.gemv_params(m, (out, 0), splits, p);
+            p.counters = 0;
+            p.glu = 0;
+            p.scales = m.scales_oct;
+            let l = Launch::new(&self.gpu, label, "gemv", (1, 1, 1), 256, 0, &p);
+            let act = Act {
+                ptr: out,
+                splits,
+                ld: m.rows,
+                glu,
+            };
+            return (l, act);
+        }
         let p = self.gemv_params(m, (out, fin), splits, p);
         let grid = (
             m.rows.div_ceil(GEMV_ROWS_PER_BLOCK) as u32,
@@ -812,11 +1086,16 @@ impl CudaRunner {
             )
         };
         // Split launches leave the finished vector in `fin`, unsplit ones in `out`.
-        (l, if splits > 1 { fin } else { out })
+        let ptr = if splits > 1 { fin } else { out };
+        let rows = if p.glu != 0 { m.rows / 2 } else { m.rows };
+        (l, Act::whole(ptr, rows))
     }
 
     fn mat_splits(&self, m: &DevMat, sm: usize) -> usize {
         let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
+        if let Some(k) = &self.step_kernel {
+            return step_splits(m.rows, units, k.warps);
+        }
         if self.persistent {
             // Enough (octet, split) items for every resident warp.
             let warps = sm * self.blocks_per_sm("gemv_persistent", m.cols * 4) * 8;
@@ -870,8 +1149,8 @@ impl CudaRunner {
         let pos_ptr = s.step_io.at::<i32>(1);
         let mut plan = Vec::new();
         let mut cur = 0usize;
-        // The branch output still to be added to the residual: (partials, splits, norm, scalar).
-        let mut pending: Option<(u64, usize, u64, f32)> = None;
+        // The branch output still to be added to the residual: (output, norm, scalar).
+        let mut pending: Option<(Act, u64, f32)> = None;
 
         let gather = GemvParams {
             gather_tok: tok_ptr,
@@ -885,7 +1164,7 @@ impl CudaRunner {
             (&self.ple_model, &self.ple_table, &self.ple_norm, &spec.ple)
         {
             let sp = self.mat_splits(pm, sm);
-            let (l, ctx) = self.gemv(
+            let (l, ctx_act) = self.gemv(
                 "gemv.ple_model",
                 pm,
                 (s.plp_part.ptr(), s.plp_fin.ptr()),
@@ -897,10 +1176,10 @@ impl CudaRunner {
             let p = PleParams {
                 tok: tok_ptr,
                 table: table.ptr(),
-                ctx,
+                ctx: ctx_act.ptr,
                 norm_w: pn.ptr(),
                 out: s.ple_out.ptr(),
-                splits: 1,
+                splits: ctx_act.splits as i32,
                 ld: pm.rows as i32,
                 dim: ps.dim as i32,
                 tok_scale: (ps.dim as f32).sqrt(),
@@ -926,10 +1205,8 @@ impl CudaRunner {
                 ..Default::default()
             };
             match pending {
-                Some((ptr, sp, nw, scalar)) => {
-                    p.input = ptr;
-                    p.in_splits = sp as i32;
-                    p.in_ld = h as i32;
+                Some((a, nw, scalar)) => {
+                    a.feed(&mut p);
                     p.res_in = s.h[cur].ptr();
                     p.res_out = s.h[cur ^ 1].ptr();
                     p.res_w = nw;
@@ -982,7 +1259,9 @@ impl CudaRunner {
                 splits: dl.attn_splits as i32,
                 scale: spec.attn_scale,
                 softcap: spec.attn_softcap.unwrap_or(0.0),
-                qkv,
+                qkv: qkv.ptr,
+                qkv_splits: qkv.splits as i32,
+                qkv_ld: qkv.ld as i32,
                 q_norm: dl.q_norm.ptr(),
                 k_norm: dl.k_norm.as_ref().map_or(0, |b| b.ptr()),
                 inv_freq: dl.inv_freq.ptr(),
@@ -1011,10 +1290,7 @@ impl CudaRunner {
             let (l, o) = self.gemv("gemv.o", &dl.o, (s.o_part.ptr(), s.o_fin.ptr()), so, p);
             plan.push(l);
 
-            let p = GemvParams {
-                input: o,
-                in_splits: 1,
-                in_ld: h as i32,
+            let mut p = GemvParams {
                 res_in: s.h[cur].ptr(),
                 res_out: s.h[cur ^ 1].ptr(),
                 res_w: dl.post_attn.ptr(),
@@ -1022,9 +1298,10 @@ impl CudaRunner {
                 glu: 1,
                 ..Default::default()
             };
+            o.feed(&mut p);
             cur ^= 1;
             // The tiled kernel's GeGLU epilogue needs whole sums: no split there.
-            let sgu = if self.persistent {
+            let sgu = if self.persistent || self.step_kernel.is_some() {
                 self.mat_splits(&dl.gateup, sm)
             } else {
                 1
@@ -1039,11 +1316,8 @@ impl CudaRunner {
             plan.push(l);
 
             let sd = self.mat_splits(&dl.down, sm);
-            let p = GemvParams {
-                input: act,
-                in_splits: 1,
-                ..Default::default()
-            };
+            let mut p = GemvParams::default();
+            act.feed(&mut p);
             let (l, down) = self.gemv(
                 "gemv.down",
                 &dl.down,
@@ -1059,18 +1333,16 @@ impl CudaRunner {
                     let sg = self.mat_splits(pg, sm);
                     let spp = self.mat_splits(pp, sm);
                     // Gate input: the residual after the FFN (no norm of its own).
-                    let pa = GemvParams {
-                        input: down,
-                        in_splits: 1,
-                        in_ld: h as i32,
+                    let mut pa = GemvParams {
                         res_in: s.h[cur].ptr(),
                         res_out: s.h[cur ^ 1].ptr(),
                         res_w: dl.post_ffn.ptr(),
                         ..Default::default()
                     };
+                    down.feed(&mut pa);
                     cur ^= 1;
                     let act_mult = s.ple_out.at::<f32>(i * ps.dim);
-                    let proj = if self.fuse_ple {
+                    let proj = if self.fuse_ple && self.step_kernel.is_none() {
                         // Gate and projection in one launch (gemv_pair): the gate's split-K
                         // partials are added by the projection's prologue after a grid barrier.
                         let mut a = self.gemv_params(pg, (s.pg_part.ptr(), 0), sg, pa);
@@ -1101,11 +1373,14 @@ impl CudaRunner {
                             smem as u32,
                             &pair,
                         ));
-                        if spp > 1 {
-                            s.pp_fin.ptr()
-                        } else {
-                            s.pp_part.ptr()
-                        }
+                        Act::whole(
+                            if spp > 1 {
+                                s.pp_fin.ptr()
+                            } else {
+                                s.pp_part.ptr()
+                            },
+                            pp.rows,
+                        )
                     } else {
                         let (l, gate) = self.gemv(
                             "gemv.ple_gate",
@@ -1115,13 +1390,11 @@ impl CudaRunner {
                             pa,
                         );
                         plan.push(l);
-                        let pb = GemvParams {
-                            input: gate,
-                            in_splits: 1,
-                            in_ld: ps.dim as i32,
+                        let mut pb = GemvParams {
                             act_mult,
                             ..Default::default()
                         };
+                        gate.feed(&mut pb);
                         let (l, proj) = self.gemv(
                             "gemv.ple_proj",
                             pp,
@@ -1132,17 +1405,14 @@ impl CudaRunner {
                         plan.push(l);
                         proj
                     };
-                    pending = Some((proj, 1, post.ptr(), scalar));
+                    pending = Some((proj, post.ptr(), scalar));
                 }
-                _ => pending = Some((down, 1, dl.post_ffn.ptr(), scalar)),
+                _ => pending = Some((down, dl.post_ffn.ptr(), scalar)),
             }
         }
 
-        let (ptr, sp, nw, scalar) = pending.expect("at least one layer");
-        let p = GemvParams {
-            input: ptr,
-            in_splits: sp as i32,
-            in_ld: h as i32,
+        let (a, nw, scalar) = pending.expect("at least one layer");
+        let mut p = GemvParams {
             res_in: s.h[cur].ptr(),
             res_out: s.h[cur ^ 1].ptr(),
             res_w: nw,
@@ -1150,6 +1420,7 @@ impl CudaRunner {
             norm_w: self.final_norm.ptr(),
             ..Default::default()
         };
+        a.feed(&mut p);
         let (l, _) = self.gemv("gemv.lm_head", &self.lm_head, (s.logits.ptr(), 0), 1, p);
         plan.push(l);
         let ap = ArgmaxParams {
@@ -1261,6 +1532,35 @@ impl CudaRunner {
         hayai_model::runner::check_feed(&self.info, self.len, &[token])?;
         let io = [token as i32, self.len as i32];
         self.gpu.write(self.scratch.step_io.ptr(), &io)?;
+        if let Some((launch, labels, timing)) = &self.step_profile {
+            // One kernel: its operations timed inside it (block 0's start of each operation,
+            // the last block's arrival at the barrier after it).
+            // Per operation k: t[4k] block 0 starts, t[4k+1] block 0's GEMV prologue done (0 if
+            // none), t[4k+3] the last block done; the next start minus that is the barrier.
+            let n = labels.len();
+            self.gpu.write(*timing, &vec![0u64; 4 * n])?;
+            launch.run(&self.gpu)?;
+            self.gpu.sync()?;
+            let mut t = vec![0u64; 4 * n];
+            self.gpu.read(*timing, &mut t)?;
+            let ms = |a: u64, b: u64| b.saturating_sub(a) as f32 * 1e-6;
+            let mut out = Vec::with_capacity(3 * n);
+            for (k, label) in labels.iter().enumerate() {
+                let (t0, t1, t3) = (t[4 * k], t[4 * k + 1], t[4 * k + 3]);
+                if t1 > t0 {
+                    out.push(("gemv prologues", ms(t0, t1)));
+                    out.push((*label, ms(t1, t3)));
+                } else {
+                    out.push((*label, ms(t0, t3)));
+                }
+                if k + 1 < n {
+                    out.push(("barrier", ms(t3, t[4 * (k + 1)])));
+                }
+            }
+            self.len += 1;
+            self.dev_io = None;
+            return Ok(out);
+        }
         let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
         let evs: Vec<sys::CUevent> = (0..=self.plan.len())
             .map(|_| event::create(flags))
@@ -1375,11 +1675,56 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels() {
-        assert_eq!(std::mem::size_of::<GemvParams>(), 144);
-        assert_eq!(std::mem::size_of::<GemvPairParams>(), 296);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 144);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 152);
+        assert_eq!(std::mem::size_of::<GemvPairParams>(), 312);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 152);
+        assert_eq!(std::mem::size_of::<StepParams>(), 40);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);
+    }
+
+    #[test]
+    fn step_splits_never_leave_a_split_empty_and_balance_the_warps() {
+        for rows in [8, 256, 2560, 3072, 10_752, 20_480, 262_144] {
+            for units in [1, 2, 16, 20, 80, 320] {
+                for warps in [1, 640, 1056, 2112] {
+                    let s = step_splits(rows, units, warps);
+                    let per = units.div_ceil(s);
+                    assert!((1..=MAX_SPLITS).contains(&s));
+                    assert!((s - 1) * per < units, "rows {rows} units {units} split {s}");
+                }
+            }
+        }
+        // E4B gate/up (int4) on 1,056 warps: 2,560 octets of 20 groups; splitting must not
+        // leave the busiest warp worse off than no split.
+        let s = step_splits(20_480, 20, 1056);
+        let busiest = |s: usize| (2560 * s).div_ceil(1056) * (20usize.div_ceil(s) + 2);
+        assert!(busiest(s) <= busiest(1));
+        // Few rows, many groups: split so every warp gets work.
+        assert!(step_splits(2560, 80, 1056) > 1);
+    }
+
+    #[test]
+    fn octet_layout_groups_eight_rows_per_16_bytes() {
+        // 10 rows x 3 groups, value = 100 * row + group.
+        let rows = 10;
+        let groups = 3;
+        let s: Vec<u16> = (0..rows * groups)
+            .map(|i| (100 * (i / groups) + i % groups) as u16)
+            .collect();
+        let o = octet_layout(&s, rows, groups);
+        assert_eq!(o.len(), 2 * groups * 8);
+        for r in 0..rows {
+            for g in 0..groups {
+                assert_eq!(o[((r / 8) * groups + g) * 8 + r % 8], (100 * r + g) as u16);
+            }
+        }
+        // Padding rows 10..16 are zero.
+        for g in 0..groups {
+            for r in 10..16 {
+                assert_eq!(o[(groups + g) * 8 + r % 8], 0);
+            }
+        }
     }
 
     #[test]

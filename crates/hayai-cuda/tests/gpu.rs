@@ -210,3 +210,41 @@ fn decode_variants_are_bit_identical() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn single_kernel_step_matches_cpu() {
+    require_gpu();
+    for (arch, seed) in [(Arch::Gemma4, 11), (Arch::Gemma3, 12)] {
+        let m = random_model(&small_spec(arch), seed);
+        for q in [Quant::Bf16, Quant::Int4] {
+            for use_graph in [true, false] {
+                let o = CudaOptions {
+                    single_kernel: true,
+                    use_graph,
+                    ..opts(q, false)
+                };
+                // 300 steps: past the sliding ring's wrap-around.
+                assert_parity(&m, &o, 24, 300, 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn real_gemma3_270m_single_kernel_step_matches_cpu() {
+    require_gpu();
+    let m = real_270m();
+    let p = [2u32, 818, 5279, 529, 7001, 563, 496, 236743];
+    for q in [Quant::Bf16, Quant::Int4] {
+        let o = CudaOptions {
+            single_kernel: true,
+            ..opts(q, false)
+        };
+        let r = parity(&m, &o, &p, 256).unwrap();
+        eprintln!("270M single-kernel {}", r.line());
+        assert!(r.rel_l2 < 1e-3, "{}", r.line());
+        assert!(r.greedy_identical(), "{}", r.line());
+    }
+}

@@ -609,6 +609,10 @@ pub struct GpuVariantArgs {
     /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel.
     #[arg(long)]
     pub attn_prefetch: bool,
+    /// The whole decode step as one persistent kernel (weights streamed ahead through shared
+    /// memory, grid-wide barriers between operations).
+    #[arg(long)]
+    pub single_kernel: bool,
 }
 
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
