@@ -35,6 +35,35 @@ pub enum Prefill {
     Stepwise,
 }
 
+/// How the CPU backend rounds the input of every matrix product (what-if numerics: the quality
+/// a kernel with such activations would have, measured on the reference).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CpuMatmulInputs {
+    /// f32 (the reference).
+    F32,
+    /// Rounded to bf16.
+    Bf16,
+    /// bf16 value + bf16 remainder.
+    Bf16Pair,
+    /// int8, one scale per 32 columns.
+    Int8G32,
+    /// int8, one scale per 128 columns.
+    Int8G128,
+}
+
+impl From<CpuMatmulInputs> for hayai_model::cpu::MatmulInputs {
+    fn from(c: CpuMatmulInputs) -> Self {
+        use hayai_model::cpu::MatmulInputs as M;
+        match c {
+            CpuMatmulInputs::F32 => M::F32,
+            CpuMatmulInputs::Bf16 => M::Bf16,
+            CpuMatmulInputs::Bf16Pair => M::Bf16Pair,
+            CpuMatmulInputs::Int8G32 => M::Int8 { group: 32 },
+            CpuMatmulInputs::Int8G128 => M::Int8 { group: 128 },
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Quant {
     /// The checkpoint's own weights (dequantized to f32 on the CPU, bf16 on the GPU).
@@ -63,6 +92,10 @@ pub struct ModelArgs {
     /// How the CUDA backend feeds prompts (no effect on the CPU).
     #[arg(long, value_enum, default_value = "batched")]
     pub prefill: Prefill,
+    /// CPU backend only: round every matrix product's input like this (f32 is the reference;
+    /// the others measure what a kernel with such activations would cost in quality).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub cpu_matmul_inputs: CpuMatmulInputs,
 }
 
 pub struct Loaded {
@@ -147,6 +180,9 @@ pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         Device::Auto => crate::setup::gpu_available(),
     };
     if want_cuda {
+        if args.cpu_matmul_inputs != CpuMatmulInputs::F32 {
+            anyhow::bail!("--cpu-matmul-inputs applies to the CPU backend only (use --device cpu)");
+        }
         return crate::setup::cuda_runner(l, args.quant, args.prefill);
     }
     let model = match args.quant {
@@ -154,7 +190,9 @@ pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         Quant::Bf16 => Arc::new(crate::setup::round_model_bf16(&l.model)),
         Quant::Int4 => Arc::new(crate::setup::quantize_model_int4(&l.model)),
     };
-    Ok(Box::new(CpuRunner::new(model)?))
+    let mut r = CpuRunner::new(model)?;
+    r.set_matmul_inputs(args.cpu_matmul_inputs.into());
+    Ok(Box::new(r))
 }
 
 // ---------------------------------------------------------------------------------------------

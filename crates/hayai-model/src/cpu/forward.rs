@@ -47,25 +47,49 @@ pub enum MatmulInputs {
     Bf16,
     /// bf16(v) + bf16(v - bf16(v)): the GPU's precise prefill, which multiplies both parts.
     Bf16Pair,
+    /// int8 with one scale per `group` consecutive columns of a row (symmetric, scale =
+    /// max |x| / 127, round to nearest): what an integer (DP4A) GEMV would multiply. For
+    /// measuring what such a kernel would cost in quality; no GPU kernel uses it yet.
+    Int8 { group: usize },
 }
 
 impl MatmulInputs {
     fn apply(self, v: f32) -> f32 {
         let hi = bf16::from_f32(v).to_f32();
         match self {
-            MatmulInputs::F32 => v,
+            MatmulInputs::F32 | MatmulInputs::Int8 { .. } => v,
             MatmulInputs::Bf16 => hi,
             MatmulInputs::Bf16Pair => hi + bf16::from_f32(v - hi).to_f32(),
         }
     }
 }
 
-/// `xs` rounded as `inputs` says (borrowed unchanged for f32), for one or more products.
-fn rounded(xs: &[f32], inputs: MatmulInputs) -> Cow<'_, [f32]> {
-    if inputs == MatmulInputs::F32 {
-        Cow::Borrowed(xs)
-    } else {
-        Cow::Owned(xs.par_iter().map(|&v| inputs.apply(v)).collect())
+/// One group of int8-quantized values, dequantized in place.
+fn int8_group(g: &mut [f32]) {
+    let m = g.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    if m == 0.0 || !m.is_finite() {
+        return;
+    }
+    let scale = m / 127.0;
+    let inv = 127.0 / m;
+    for v in g {
+        *v = (*v * inv).round().clamp(-127.0, 127.0) * scale;
+    }
+}
+
+/// `xs` (rows of `cols` values) rounded as `inputs` says (borrowed unchanged for f32), for one
+/// or more products.
+fn rounded(xs: &[f32], cols: usize, inputs: MatmulInputs) -> Cow<'_, [f32]> {
+    match inputs {
+        MatmulInputs::F32 => Cow::Borrowed(xs),
+        MatmulInputs::Int8 { group } => {
+            let mut out = xs.to_vec();
+            out.par_chunks_mut(cols.max(1)).for_each(|row| {
+                row.chunks_mut(group.max(1)).for_each(int8_group);
+            });
+            Cow::Owned(out)
+        }
+        _ => Cow::Owned(xs.par_iter().map(|&v| inputs.apply(v)).collect()),
     }
 }
 
@@ -141,7 +165,8 @@ impl CpuRunner {
         let (n, nl, d) = (tokens.len(), spec.n_layers(), ps.dim);
         let width = nl * d;
         let mut ctx = vec![0.0f32; n * width];
-        pw.model_proj.matmul(&rounded(x0, self.inputs), &mut ctx);
+        pw.model_proj
+            .matmul(&rounded(x0, pw.model_proj.cols, self.inputs), &mut ctx);
         let proj_scale = (spec.hidden as f32).powf(-0.5);
         ctx.iter_mut().for_each(|v| *v *= proj_scale);
         rms_norm_rows(&mut ctx, d, Some(&pw.proj_norm), spec.rms_eps);
@@ -175,7 +200,7 @@ impl CpuRunner {
             rms_norm_rows(&mut a, h, Some(&lw.attn_norm), eps);
             let mut q = vec![0.0f32; n * nh * hd];
             // One rounded copy of the normed input serves q, k and v.
-            let ar = rounded(&a, round);
+            let ar = rounded(&a, h, round);
             lw.q.matmul(&ar, &mut q);
             rms_norm_rows(&mut q, hd, Some(&lw.q_norm), eps);
             let inv_freq = &self.inv_freq[li];
@@ -231,7 +256,7 @@ impl CpuRunner {
                 );
             });
             let mut o = vec![0.0f32; n * h];
-            lw.o.matmul(&rounded(&attn, round), &mut o);
+            lw.o.matmul(&rounded(&attn, lw.o.cols, round), &mut o);
             rms_norm_rows(&mut o, h, Some(&lw.post_attn_norm), eps);
             x.iter_mut().zip(&o).for_each(|(xv, ov)| *xv += ov);
 
@@ -241,14 +266,14 @@ impl CpuRunner {
             let im = ls.intermediate;
             let mut g = vec![0.0f32; n * im];
             let mut u = vec![0.0f32; n * im];
-            let ar = rounded(&a, round);
+            let ar = rounded(&a, h, round);
             lw.gate.matmul(&ar, &mut g);
             lw.up.matmul(&ar, &mut u);
             g.par_iter_mut()
                 .zip(&u)
                 .for_each(|(gv, uv)| *gv = gelu_tanh(*gv) * uv);
             let mut d = vec![0.0f32; n * h];
-            lw.down.matmul(&rounded(&g, round), &mut d);
+            lw.down.matmul(&rounded(&g, im, round), &mut d);
             rms_norm_rows(&mut d, h, Some(&lw.post_ffn_norm), eps);
             x.iter_mut().zip(&d).for_each(|(xv, dv)| *xv += dv);
 
@@ -257,7 +282,7 @@ impl CpuRunner {
                 let pd = ps.dim;
                 let width = spec.n_layers() * pd;
                 let mut gg = vec![0.0f32; n * pd];
-                lp.gate.matmul(&rounded(&x, round), &mut gg);
+                lp.gate.matmul(&rounded(&x, h, round), &mut gg);
                 for t in 0..n {
                     let pin = &ple[t * width + li * pd..t * width + (li + 1) * pd];
                     for (gv, &pv) in gg[t * pd..(t + 1) * pd].iter_mut().zip(pin) {
@@ -265,7 +290,7 @@ impl CpuRunner {
                     }
                 }
                 let mut pr = vec![0.0f32; n * h];
-                lp.proj.matmul(&rounded(&gg, round), &mut pr);
+                lp.proj.matmul(&rounded(&gg, pd, round), &mut pr);
                 rms_norm_rows(&mut pr, h, Some(&lp.post_norm), eps);
                 x.iter_mut().zip(&pr).for_each(|(xv, pv)| *xv += pv);
             }
@@ -284,7 +309,7 @@ impl CpuRunner {
         self.model
             .weights
             .lm_head()
-            .matmul(&rounded(hs, self.inputs), out);
+            .matmul(&rounded(hs, spec.hidden, self.inputs), out);
         if let Some(c) = spec.final_softcap {
             out.par_iter_mut().for_each(|v| *v = softcap(*v, c));
         }
@@ -347,5 +372,38 @@ impl Runner for CpuRunner {
         }
         self.hidden = all_hidden;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int8_inputs_round_each_group_of_each_row_to_its_own_scale() {
+        // Two rows of 6 columns, groups of 4: row groups are [0..4), [4..6) per row.
+        let xs = vec![
+            1.0, -0.5, 0.25, 0.1, 100.0, 0.3, //
+            0.0, 0.0, 0.0, 0.0, -2.0, 1.0,
+        ];
+        let r = rounded(&xs, 6, MatmulInputs::Int8 { group: 4 });
+        // Each value within half a step of its group's scale (max |x| / 127).
+        let scales = [1.0 / 127.0, 100.0 / 127.0, 0.0, 2.0 / 127.0];
+        for (i, (&a, &b)) in xs.iter().zip(r.iter()).enumerate() {
+            let (row, col) = (i / 6, i % 6);
+            let s = scales[row * 2 + col / 4];
+            assert!((a - b).abs() <= s * 0.5 + 1e-7, "{i}: {a} -> {b}");
+        }
+        // The largest value of a group comes back to f32 rounding; an all-zero group stays zero.
+        assert!((r[0] - 1.0).abs() <= 1e-6);
+        assert!((r[4] - 100.0).abs() <= 1e-4);
+        assert!(r[6..10].iter().all(|&v| v == 0.0));
+        // 0.3 next to 100 in a group of two: quantized to 0 (step 0.79).
+        assert_eq!(r[5], 0.0);
+        // F32 borrows unchanged.
+        assert!(matches!(
+            rounded(&xs, 6, MatmulInputs::F32),
+            Cow::Borrowed(_)
+        ));
     }
 }
