@@ -77,7 +77,8 @@ __device__ void attn_prefetch_tile(const AttnParams& p, int s, int h, int t, int
 // Split s of head h, run by the 128 threads of `g` (see attn_split). KU keys per warp are
 // loaded together in the q.k phase, VU in the p.V phase (fewer: fewer registers).
 template <class G, int KU = 4, int VU = 8>
-__device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr) {
+__device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
+                          unsigned long long* stamps = nullptr) {
     float* const sc = sm.sc;
     int* const slot_s = sm.slot_s;
     float* const qs = sm.qs;
@@ -119,6 +120,7 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr)
             }
         }
     }
+    stamp_at(stamps, 6);
     float4 qv[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -204,6 +206,7 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr)
         }
         gr.sync();
     }
+    stamp_at(stamps, 7);
     const size_t pi = (size_t)h * p.splits + s;
     if (t == 0) {
         p.part_ml[2 * pi] = m;

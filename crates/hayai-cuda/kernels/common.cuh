@@ -43,6 +43,18 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+// Nanoseconds of the GPU's global timer (profiling stamps).
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Profiling stamp: thread 0 of block 0 writes the time into slot `i` of `stamps` (if set).
+__device__ __forceinline__ void stamp_at(unsigned long long* stamps, int i) {
+    if (stamps && blockIdx.x == 0 && threadIdx.x == 0) stamps[i] = global_ns();
+}
+
 // Streaming 16-byte load of weights that are read once per step.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __ldcs(p); }
 

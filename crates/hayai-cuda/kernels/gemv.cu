@@ -33,7 +33,8 @@ struct GemvParams {
 // partials (`in_glu`) and requests split partials four at a time; the launch-per-operation
 // kernels keep the plain loop (fewer registers: their occupancy depends on it).
 template <bool STEP = false>
-__device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store) {
+__device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store,
+                              unsigned long long* stamps = nullptr) {
     const int n4 = p.cols >> 2;
     // One block writes the new residual (for the persistent decode step: block 0 of its grid).
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
@@ -101,6 +102,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
         x4[j] = v;
         ss_res += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
+    if (STEP) stamp_at(stamps, 1);
     const int n = p.cols;
     if (p.res_in) {
         float scale = 1.f;
@@ -123,6 +125,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             if (first && p.res_out) ((float4*)p.res_out)[j] = h;
         }
     }
+    if (STEP) stamp_at(stamps, 2);
     if (p.norm_w) {
         float ss = 0.f;
         __syncthreads();

@@ -19,6 +19,10 @@
 #define STEP_WARPS (STEP_THREADS / 32)
 #define STEP_U 4  // 16-byte chunks per lane per ring stage
 #define STEP_OP_BYTES 256
+// Profiling slots per operation: 0 block 0 starts; GEMV prologue (block 0): 1 inputs gathered,
+// 2 residual pass done, 3 done; 4 block 0 done; 5 the last block done; attention (block 0's
+// first group, first item): 6 query (and fresh key/value) normalized and rotated, 7 tile done.
+#define STEP_STAMPS 8
 
 enum StepOpKind { STEP_GEMV = 0, STEP_ATTN = 1, STEP_PLE = 2, STEP_ARGMAX1 = 3, STEP_ARGMAX2 = 4 };
 
@@ -38,8 +42,7 @@ static_assert(sizeof(StepOp) == STEP_OP_BYTES, "StepOp size is mirrored by the h
 struct StepParams {
     const StepOp* ops;
     unsigned long long* barrier;  // {arrivals, released}: monotonic counters (never reset)
-    // Profiling (null: off): [n_ops][4] ns {block 0 starts, block 0's GEMV prologue done,
-    // block 0 done, last block done}.
+    // Profiling (null: off): [n_ops][STEP_STAMPS] ns, see the slots below.
     unsigned long long* timing;
     int n_ops;
     int first_gemv;
@@ -47,11 +50,6 @@ struct StepParams {
     int argmax_blocks;
 };
 
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -177,8 +175,9 @@ __device__ void step_gemv(const StepParams& P, int k, const GemvParams& g, float
     const int items = ((rows + 7) >> 3) * splits;
     const int per = (units + splits - 1) / splits;
     if (blockIdx.x * STEP_WARPS >= items) return;  // no item for any warp of this block
-    gemv_prologue<true>(g, xs, red, int4);
-    if (P.timing && blockIdx.x == 0 && threadIdx.x == 0) P.timing[4 * k + 1] = global_ns();
+    unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
+    gemv_prologue<true>(g, xs, red, int4, stamps);
+    stamp_at(stamps, 3);
     const uint32_t magic = 0x4B000000u;
     for (int item = gw; item < items; item += W) {
         const int oct = item / splits, s = item % splits;
@@ -282,7 +281,7 @@ __device__ void step_body(const StepParams& P) {
             // Request the next record before the barrier; stored in the stage after it.
             uint4 next = make_uint4(0, 0, 0, 0);
             if (loader && k + 1 < P.n_ops) next = ((const uint4*)(P.ops + k + 1))[threadIdx.x];
-            if (P.timing && threadIdx.x == 0) atomicMax(P.timing + 4 * (k - 1) + 3, global_ns());
+            if (P.timing && threadIdx.x == 0) atomicMax(P.timing + STEP_STAMPS * (k - 1) + 5, global_ns());
             step_grid_sync(P.barrier, bar_base + (unsigned long long)k * gridDim.x, next,
                            op_stage[(k + 1) & 1]);
         } else {
@@ -290,7 +289,8 @@ __device__ void step_body(const StepParams& P) {
             __syncthreads();
         }
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
-        if (P.timing && blockIdx.x == 0 && threadIdx.x == 0) P.timing[4 * k] = global_ns();
+        unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
+        stamp_at(stamps, 0);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
             step_gemv<S>(P, k, op.g, xs, red, cur, cons, ring, sring, gw, W);
@@ -300,7 +300,9 @@ __device__ void step_body(const StepParams& P) {
             const int n_items = op.a.splits * op.a.nh;
             for (int it = blockIdx.x * 2 + (threadIdx.x >> 7); it < n_items; it += gridDim.x * 2) {
                 gt.sync();  // the group's previous item is done with its shared memory
-                attn_item<GroupThreads, 2, 4>(op.a, it % op.a.splits, it / op.a.splits, sm, gt);
+                // Stamps from block 0's first group, first item (its thread 0 is the block's).
+                attn_item<GroupThreads, 2, 4>(op.a, it % op.a.splits, it / op.a.splits, sm, gt,
+                                              it == 0 ? stamps : nullptr);
             }
         } else if (kind == STEP_PLE) {
             // ld = the projection's rows = n_layers * dim.
@@ -339,9 +341,9 @@ __device__ void step_body(const StepParams& P) {
                 }
             }
         }
-        if (P.timing && blockIdx.x == 0 && threadIdx.x == 0) P.timing[4 * k + 2] = global_ns();
+        stamp_at(stamps, 4);
     }
-    if (P.timing && threadIdx.x == 0) atomicMax(P.timing + 4 * (P.n_ops - 1) + 3, global_ns());
+    if (P.timing && threadIdx.x == 0) atomicMax(P.timing + STEP_STAMPS * (P.n_ops - 1) + 5, global_ns());
     cp_async_wait<0>();
 }
 

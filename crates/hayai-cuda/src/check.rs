@@ -105,16 +105,40 @@ pub struct PrefillReport {
     /// default mode's distance to its twin is not a tight check on random-weight models, which
     /// amplify any bf16 rounding flip chaotically.
     pub precise: Option<(f32, f64, usize)>,
+    /// What the precise mode's rounding does to this model by itself, on the CPU: its twin
+    /// against the f32 reference on the same weights (rel L2, argmax mismatches). Random-weight
+    /// Gemma 4 models amplify a 2^-17 rounding to ~3e-3 (docs/performance.md §Prefill).
+    pub precise_floor: Option<(f64, usize)>,
     /// The prompt fed in two pieces (split at `split`) gave bit-identical logits to one piece.
     pub chunking_invariant: bool,
     pub split: usize,
 }
 
 impl PrefillReport {
+    /// The precise mode agrees with its twin: within 1e-3 (rel L2) with argmax flips on at most
+    /// 1 row in 50, or — on models that amplify rounding — within twice what the rounding does
+    /// by itself (`precise_floor`) plus one flip; and chunking changes nothing.
+    pub fn precise_ok(&self) -> bool {
+        let Some((_, rel, mism)) = self.precise else {
+            return false;
+        };
+        let tight = rel < 1e-3 && mism * 50 <= self.twin.prompt_len;
+        let floor = self
+            .precise_floor
+            .is_some_and(|(frel, fmism)| rel <= 2.0 * frel && mism <= 2 * fmism + 1);
+        (tight || floor) && self.chunking_invariant
+    }
+
     pub fn line(&self) -> String {
+        let floor = match self.precise_floor {
+            Some((rel, mism)) => {
+                format!(" (its rounding alone, CPU: rel_l2 {rel:.2e} argmax-mismatch {mism})")
+            }
+            None => String::new(),
+        };
         let precise = match self.precise {
             Some((max, rel, mism)) => format!(
-                " | precise mode vs its twin: max|d| {max:.2e} rel_l2 {rel:.2e} argmax-mismatch {mism}"
+                " | precise mode vs its twin: max|d| {max:.2e} rel_l2 {rel:.2e} argmax-mismatch {mism}{floor}"
             ),
             None => String::new(),
         };
@@ -159,7 +183,7 @@ pub fn prefill_parity(
     twin.set_matmul_inputs(MatmulInputs::Bf16);
     let c = all_logits(&mut twin, prompt)?;
     let (max_abs, max_ref, rel_l2, mism) = compare_rows(&g, &c);
-    let precise = if precise {
+    let (precise, precise_floor) = if precise {
         let mut p = CudaRunner::new(
             m.clone(),
             CudaOptions {
@@ -169,13 +193,16 @@ pub fn prefill_parity(
         )?;
         let gp = all_logits(&mut p, prompt)?;
         drop(p);
-        let mut r = CpuRunner::new(twin_model)?;
+        let mut r = CpuRunner::new(twin_model.clone())?;
         r.set_matmul_inputs(MatmulInputs::Bf16Pair);
         let f = all_logits(&mut r, prompt)?;
         let (max, _, rel, mism) = compare_rows(&gp, &f);
-        Some((max, rel, mism))
+        let mut r = CpuRunner::new(twin_model)?;
+        let f32_logits = all_logits(&mut r, prompt)?;
+        let (_, _, frel, fmism) = compare_rows(&f, &f32_logits);
+        (Some((max, rel, mism)), Some((frel, fmism)))
     } else {
-        None
+        (None, None)
     };
 
     let split = (prompt.len() * 2 / 5).max(1);
@@ -218,6 +245,7 @@ pub fn prefill_parity(
             greedy_agree: agree,
         },
         precise,
+        precise_floor,
         chunking_invariant,
         split,
     })

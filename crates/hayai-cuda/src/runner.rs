@@ -256,6 +256,8 @@ pub(crate) struct BwParams {
     pub sink: u64,
 }
 
+/// Profiling slots per operation of the single-kernel step (kernels/step.cu `STEP_STAMPS`).
+const STEP_STAMPS: usize = 8;
 /// Bytes of one operation of the single-kernel step (kernels/step.cu `StepOp`).
 const STEP_OP_BYTES: usize = 256;
 /// Threads, warps and 16-byte chunks per lane and ring stage of the single-kernel step.
@@ -972,7 +974,7 @@ impl CudaRunner {
         let first_gemv = next;
         let ops = self.gpu.upload(&bytes)?;
         let barrier = self.gpu.alloc(16)?;
-        let timing = self.gpu.alloc(n * 32)?;
+        let timing = self.gpu.alloc(n * STEP_STAMPS * 8)?;
         let p = StepParams {
             ops: ops.ptr(),
             barrier: barrier.ptr(),
@@ -1535,26 +1537,35 @@ impl CudaRunner {
         if let Some((launch, labels, timing)) = &self.step_profile {
             // One kernel: its operations timed inside it (block 0's start of each operation,
             // the last block's arrival at the barrier after it).
-            // Per operation k: t[4k] block 0 starts, t[4k+1] block 0's GEMV prologue done (0 if
-            // none), t[4k+3] the last block done; the next start minus that is the barrier.
+            // Slots per operation (kernels/step.cu STEP_STAMPS): 0 block 0 starts, 1-3 its
+            // GEMV prologue (inputs gathered, residual pass, done), 5 the last block done,
+            // 6-7 attention (block 0's first item: norms and RoPE done, tile done); the next
+            // start minus slot 5 is the barrier.
+            const S: usize = STEP_STAMPS;
             let n = labels.len();
-            self.gpu.write(*timing, &vec![0u64; 4 * n])?;
+            self.gpu.write(*timing, &vec![0u64; S * n])?;
             launch.run(&self.gpu)?;
             self.gpu.sync()?;
-            let mut t = vec![0u64; 4 * n];
+            let mut t = vec![0u64; S * n];
             self.gpu.read(*timing, &mut t)?;
             let ms = |a: u64, b: u64| b.saturating_sub(a) as f32 * 1e-6;
-            let mut out = Vec::with_capacity(3 * n);
+            let mut out = Vec::with_capacity(4 * n);
             for (k, label) in labels.iter().enumerate() {
-                let (t0, t1, t3) = (t[4 * k], t[4 * k + 1], t[4 * k + 3]);
-                if t1 > t0 {
-                    out.push(("gemv prologues", ms(t0, t1)));
-                    out.push((*label, ms(t1, t3)));
+                let o = &t[S * k..S * (k + 1)];
+                if o[3] > o[0] {
+                    out.push(("prologue: inputs", ms(o[0], o[1])));
+                    out.push(("prologue: residual", ms(o[1], o[2])));
+                    out.push(("prologue: norm", ms(o[2], o[3])));
+                    out.push((*label, ms(o[3], o[5])));
+                } else if o[7] > o[6] && o[6] > o[0] {
+                    out.push(("attention: norms+rope", ms(o[0], o[6])));
+                    out.push(("attention: tile", ms(o[6], o[7])));
+                    out.push(("attention: merge+rest", ms(o[7], o[5])));
                 } else {
-                    out.push((*label, ms(t0, t3)));
+                    out.push((*label, ms(o[0], o[5])));
                 }
                 if k + 1 < n {
-                    out.push(("barrier", ms(t3, t[4 * (k + 1)])));
+                    out.push(("barrier", ms(o[5], t[S * (k + 1)])));
                 }
             }
             self.len += 1;

@@ -128,7 +128,9 @@ fn real_gemma3_270m_matches_cpu() {
 
 /// Batched (tensor-core) prefill: in precise mode (GEMM inputs as a bf16 pair) every prompt
 /// logit within 1e-3 rel L2 of its CPU twin on the same weights, argmax flips on at most 1 row
-/// in 50; feeding the prompt in two pieces gives bit-identical logits. With `twin`,
+/// in 50, or within twice what that rounding alone does to the model
+/// (`PrefillReport::precise_ok`); feeding the prompt in two pieces gives bit-identical logits.
+/// With `twin`,
 /// the default bf16 mode also within 3e-2 of its CPU twin with argmax flips on at most 1 row in
 /// 20 (only meaningful on trained weights: random ones amplify bf16 rounding chaotically; the
 /// real 270M measured 1.03e-2 and 0 flips on the H200, 2026-11-30).
@@ -136,9 +138,7 @@ fn assert_prefill(m: &hayai_model::Model, q: Quant, prompt_len: usize, steps: us
     let p = prompt(prompt_len, m.spec.vocab);
     let r = hayai_cuda::check::prefill_parity(m, &opts(q, false), &p, steps, true).unwrap();
     eprintln!("{}", r.line());
-    let (_, rel, mism) = r.precise.unwrap();
-    assert!(rel < 1e-3 && mism * 50 <= prompt_len, "{}", r.line());
-    assert!(r.chunking_invariant, "{}", r.line());
+    assert!(r.precise_ok(), "{}", r.line());
     if twin {
         assert!(r.twin.rel_l2 < 3e-2, "{}", r.line());
         assert!(
