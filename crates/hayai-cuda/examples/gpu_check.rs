@@ -1,7 +1,7 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
 //! usage: gpu_check [parity] [fuse] [single] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench]
-//!        [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-single]
+//!        [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile] [bench-single]
 //!        [bench-bf16] [bench-bf16-tiled] (default: all)
 
 use std::sync::Arc;
@@ -200,6 +200,36 @@ fn main() {
                 Err(e) => check("small-gemma4", false, e.to_string()),
             }
         }
+        // Attention with its K/V tile in shared memory: the same arithmetic, the same results
+        // (small Gemma 4 and Gemma 3: sliding ring, KV sharing, 300 steps past the wrap-around).
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let m = random_model(&small_spec(arch), seed);
+            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+            for q in [Quant::Bf16, Quant::Int4] {
+                let o = CudaOptions {
+                    batched_prefill: false,
+                    ..opts(q, false)
+                };
+                let f = CudaOptions {
+                    attn_smem_tile: true,
+                    ..o.clone()
+                };
+                match same_results(&m, &o, &f, &p, 300) {
+                    Ok(ok) => check(
+                        name,
+                        ok,
+                        format!(
+                            "attention tile in shared memory == global ({}): bit-identical",
+                            q.name()
+                        ),
+                    ),
+                    Err(e) => check(name, false, e.to_string()),
+                }
+            }
+        }
         // The attention L2 prefetch is a hint: the same results.
         for q in [Quant::Bf16, Quant::Int4] {
             let o = opts(q, false);
@@ -354,6 +384,14 @@ fn main() {
             gemv_unroll8: true,
             ..b(Quant::Int4, false)
         });
+    }
+    if want("bench-tile") {
+        for quant in [Quant::Int4, Quant::Bf16] {
+            runs.push(BenchOptions {
+                attn_smem_tile: true,
+                ..b(quant, false)
+            });
+        }
     }
     if want("bench-single") {
         for quant in [Quant::Int4, Quant::Bf16] {

@@ -74,11 +74,53 @@ __device__ void attn_prefetch_tile(const AttnParams& p, int s, int h, int t, int
     }
 }
 
+// The keys of split s: [k0, k1) counted from the oldest visible key `first`.
+struct AttnSpan {
+    int pos, n_keys, first, k0, k1;
+};
+__device__ __forceinline__ AttnSpan attn_span(const AttnParams& p, int s) {
+    AttnSpan a;
+    a.pos = *p.pos;
+    a.n_keys = p.window > 0 ? min(a.pos + 1, p.window) : a.pos + 1;
+    a.first = a.pos + 1 - a.n_keys;
+    const int chunk = (a.n_keys + p.splits - 1) / p.splits;
+    a.k0 = s * chunk;
+    a.k1 = min(a.n_keys, a.k0 + chunk);
+    return a;
+}
+
+// Copies split s's K and V rows (one tile at most) into shared kt/vt (row j = key k0 + j) with
+// cp.async. Rows before `pos` were written by earlier steps, so they may be requested before
+// the wait for the previous kernel (`at_pos` false); the row at `pos` is written in this step
+// (by this layer's attention or, for a KV-shared layer, its donor's) and is requested after it
+// (`at_pos` true) unless this block computes it itself.
+__device__ void attn_tile_copy(const AttnParams& p, int s, int h, float* kt, float* vt, int t,
+                               int nthreads, bool at_pos) {
+    const AttnSpan a = attn_span(p, s);
+    if (a.k1 - a.k0 > ATTN_TILE) return;  // more than one tile: read from global memory
+    const int g = h / (p.nh / p.nkv);
+    const int c4 = p.hd >> 2;  // 16-byte pieces per row
+    const int rows = max(a.k1 - a.k0, 0);
+    for (int i = t; i < rows * c4 * 2; i += nthreads) {
+        const int r = i / (2 * c4), rem = i % (2 * c4);
+        const int kp = a.first + a.k0 + r;
+        if ((kp == a.pos) != at_pos) continue;
+        const bool isv = rem >= c4;
+        const int c = isv ? rem - c4 : rem;
+        const float* src = (isv ? p.v_cache : p.k_cache) + ((size_t)g * p.cap + kp % p.cap) * p.hd + 4 * c;
+        cp_async16((isv ? vt : kt) + (size_t)r * p.hd + 4 * c, src);
+    }
+    cp_async_commit();
+}
+
 // Split s of head h, run by the 128 threads of `g` (see attn_split). KU keys per warp are
-// loaded together in the q.k phase, VU in the p.V phase (fewer: fewer registers).
+// loaded together in the q.k phase, VU in the p.V phase (fewer: fewer registers). With kt/vt
+// set, the split's keys and values are in shared memory already (attn_tile_copy; the caller
+// has not waited for the copies yet), else they are read from the cache.
 template <class G, int KU = 4, int VU = 8>
 __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
-                          unsigned long long* stamps = nullptr) {
+                          unsigned long long* stamps = nullptr, const float* kt = nullptr,
+                          const float* vt = nullptr) {
     float* const sc = sm.sc;
     int* const slot_s = sm.slot_s;
     float* const qs = sm.qs;
@@ -121,6 +163,12 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
         }
     }
     stamp_at(stamps, 6);
+    // The shared-memory tile when there is one and the split fits it.
+    const bool tiled = kt != nullptr && k1 - k0 <= ATTN_TILE;
+    if (kt != nullptr) {
+        cp_async_wait<0>();
+        gr.sync();
+    }
     float4 qv[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -139,7 +187,11 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                 const int j = warp * 8 + jj + u;
                 const int kp = first + t0 + min(j, nt - 1);
                 slots[u] = kp % p.cap;
-                const float* kr = (fresh && kp == pos ? ks : K + (size_t)slots[u] * p.hd) + 4 * lane;
+                const float* kr =
+                    (fresh && kp == pos ? ks
+                     : tiled            ? kt + (size_t)(t0 - k0 + min(j, nt - 1)) * p.hd
+                                        : K + (size_t)slots[u] * p.hd) +
+                    4 * lane;
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     if (i < nv && j < nt) kk[u][i] = *(const float4*)(kr + 128 * i);
@@ -162,7 +214,8 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                 if (lane == 0 && j < nt) {
                     sc[j] = d;
                     // -1 marks the fresh key, read from shared memory in the p.V phase.
-                    slot_s[j] = fresh && first + t0 + j == pos ? -1 : slots[u];
+                    // (tiled: the row of the shared tile instead of the cache slot)
+                    slot_s[j] = fresh && first + t0 + j == pos ? -1 : tiled ? t0 - k0 + j : slots[u];
                 }
             }
         }
@@ -191,7 +244,7 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
 #pragma unroll
             for (int u = 0; u < VU; u++) {
                 const int sl = slot_s[min(j0 + u, nt - 1)];
-                const float* vr = (sl < 0 ? vs : V + (size_t)sl * p.hd) + t;
+                const float* vr = (sl < 0 ? vs : (tiled ? vt : V) + (size_t)sl * p.hd) + t;
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     if (d < nv) vv[u][d] = vr[128 * d];
@@ -234,6 +287,22 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     pdl_wait();
     pdl_launch_dependents();
     attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{});
+}
+
+// attn_split with the split's K/V tile copied into shared memory (dynamic, 2 x ATTN_TILE x hd
+// floats) before the wait for the previous kernel, so the cache reads overlap its tail and the
+// query norm instead of following them. Same arithmetic, same results.
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tile(const AttnParams p) {
+    __shared__ AttnSmem sm;
+    extern __shared__ __align__(16) float attn_tile[];
+    float* kt = attn_tile;
+    float* vt = attn_tile + ATTN_TILE * p.hd;
+    attn_tile_copy(p, blockIdx.x, blockIdx.y, kt, vt, threadIdx.x, ATTN_THREADS, false);
+    pdl_wait();
+    pdl_launch_dependents();
+    // The row at pos when this block does not compute it (KV-shared layers read the donor's).
+    if (!(p.qkv && p.own_kv)) attn_tile_copy(p, blockIdx.x, blockIdx.y, kt, vt, threadIdx.x, ATTN_THREADS, true);
+    attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr, kt, vt);
 }
 
 // Merge the splits of head h (128 threads). Split weights are computed once into shared

@@ -31,6 +31,8 @@ pub struct BenchOptions {
     pub attn_prefetch: bool,
     /// See [`CudaOptions::single_kernel`].
     pub single_kernel: bool,
+    /// See [`CudaOptions::attn_smem_tile`].
+    pub attn_smem_tile: bool,
 }
 
 impl Default for BenchOptions {
@@ -47,6 +49,7 @@ impl Default for BenchOptions {
             gemv_unroll8: false,
             attn_prefetch: false,
             single_kernel: false,
+            attn_smem_tile: false,
         }
     }
 }
@@ -70,6 +73,7 @@ pub struct BenchReport {
     pub gemv_unroll8: bool,
     pub attn_prefetch: bool,
     pub single_kernel: bool,
+    pub attn_smem_tile: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -93,7 +97,7 @@ impl BenchReport {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         s += &format!(
-            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  prompt: {}  gen: {}\n",
+            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  attention tile: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
             match (self.single_kernel, self.persistent_gemv, self.gemv_unroll8) {
@@ -105,6 +109,7 @@ impl BenchReport {
             if self.pdl { "on" } else { "off" },
             if self.fuse_ple { "on" } else { "off" },
             if self.attn_prefetch { "on" } else { "off" },
+            if self.attn_smem_tile { "shared" } else { "global" },
             self.prompt_len,
             self.gen
         );
@@ -194,6 +199,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             gemv_unroll8: opts.gemv_unroll8,
             attn_prefetch: opts.attn_prefetch,
             single_kernel: opts.single_kernel,
+            attn_smem_tile: opts.attn_smem_tile,
             ..Default::default()
         },
     )?;
@@ -254,6 +260,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         gemv_unroll8: opts.gemv_unroll8,
         attn_prefetch: opts.attn_prefetch,
         single_kernel: opts.single_kernel,
+        attn_smem_tile: opts.attn_smem_tile,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

@@ -62,6 +62,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "gemv_persistent",
     "gemv_pair",
     "attn_split",
+    "attn_split_tile",
     "argmax_stage1",
     "argmax_stage2",
     "ple_combine",

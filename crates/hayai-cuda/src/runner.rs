@@ -71,6 +71,10 @@ pub struct CudaOptions {
     /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel
     /// (a prefetch hint; results unchanged). Off until measured.
     pub attn_prefetch: bool,
+    /// Decode attention copies its K/V tile into shared memory with cp.async before waiting for
+    /// the previous kernel (`attn_split_tile`; same arithmetic, bit-identical results), so the
+    /// cache reads overlap the QKV GEMV's tail and the query norm. Off until measured.
+    pub attn_smem_tile: bool,
     /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
     /// between operations, each warp streaming its share of every GEMV's weights through a
     /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
@@ -98,6 +102,7 @@ impl Default for CudaOptions {
             fuse_ple: false,
             gemv_unroll8: false,
             attn_prefetch: false,
+            attn_smem_tile: false,
             single_kernel: false,
             batched_prefill: true,
             precise_prefill: false,
@@ -287,6 +292,7 @@ const PDL_KERNELS: &[&str] = &[
     "gemv_persistent",
     "gemv_pair",
     "attn_split",
+    "attn_split_tile",
     "argmax_stage1",
     "argmax_stage2",
     "ple_combine",
@@ -574,6 +580,8 @@ pub struct CudaRunner {
     /// The tiled GEMV kernel's name (`gemv` or `gemv_u8`).
     tiled_gemv: &'static str,
     attn_prefetch: bool,
+    /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
+    attn_tile_dims: Vec<usize>,
     /// The single-kernel step's launch shape, when it is in use.
     step_kernel: Option<StepConfig>,
     /// Its launch with timing on, the operations' labels and the timing buffer ([ops][2] u64).
@@ -617,6 +625,11 @@ impl Act {
         p.in_ld = self.ld as i32;
         p.in_glu = self.glu as i32;
     }
+}
+
+/// Dynamic shared memory of `attn_split_tile` for head dim `hd`: K and V rows of one 32-key tile.
+fn attn_tile_smem(hd: usize) -> usize {
+    2 * 32 * hd * 4
 }
 
 /// Launch shape of the single-kernel step (kernels/step.cu).
@@ -856,6 +869,7 @@ impl CudaRunner {
             fuse_ple: opts.fuse_ple,
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             attn_prefetch: opts.attn_prefetch,
+            attn_tile_dims: Vec::new(),
             step_kernel: None,
             step_profile: None,
             step_bufs: Vec::new(),
@@ -868,6 +882,19 @@ impl CudaRunner {
         };
         if opts.single_kernel {
             r.step_kernel = Some(r.step_config(max_cols)?);
+        }
+        if opts.attn_smem_tile {
+            // Each head dim whose K/V tile (2 x 32 rows) fits beside the static shared memory.
+            let optin = r.gpu.max_smem_optin()?;
+            let mut dims: Vec<usize> = r.model.spec.layers.iter().map(|l| l.head_dim).collect();
+            dims.sort_unstable();
+            dims.dedup();
+            dims.retain(|&hd| attn_tile_smem(hd) + 8 * 1024 <= optin);
+            if let Some(&big) = dims.last() {
+                r.gpu
+                    .set_max_dynamic_smem("attn_split_tile", attn_tile_smem(big))?;
+            }
+            r.attn_tile_dims = dims;
         }
         r.plan = r.build_plan(sm)?;
         if r.step_kernel.is_some() {
@@ -1272,13 +1299,22 @@ impl CudaRunner {
                 eps: spec.rms_eps,
                 prefetch: self.attn_prefetch as i32,
             };
+            let tile = self.attn_tile_dims.contains(&ls.head_dim) && self.step_kernel.is_none();
             plan.push(Launch::new(
                 &self.gpu,
                 "attention",
-                "attn_split",
+                if tile {
+                    "attn_split_tile"
+                } else {
+                    "attn_split"
+                },
                 (dl.attn_splits as u32, ls.n_heads as u32, 1),
                 128,
-                0,
+                if tile {
+                    attn_tile_smem(ls.head_dim) as u32
+                } else {
+                    0
+                },
                 &ap,
             ));
 

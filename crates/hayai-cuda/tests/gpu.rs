@@ -248,3 +248,21 @@ fn real_gemma3_270m_single_kernel_step_matches_cpu() {
         assert!(r.greedy_identical(), "{}", r.line());
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_tile_in_shared_memory_is_bit_identical() {
+    require_gpu();
+    for (arch, seed) in [(Arch::Gemma4, 11), (Arch::Gemma3, 12)] {
+        let m = random_model(&small_spec(arch), seed);
+        let p = prompt(24, m.spec.vocab);
+        for q in [Quant::Bf16, Quant::Int4] {
+            let a = opts(q, false);
+            let b = CudaOptions {
+                attn_smem_tile: true,
+                ..a.clone()
+            };
+            assert!(hayai_cuda::check::same_results(&m, &a, &b, &p, 300).unwrap());
+        }
+    }
+}

@@ -651,6 +651,9 @@ pub struct GpuVariantArgs {
     /// memory, grid-wide barriers between operations).
     #[arg(long)]
     pub single_kernel: bool,
+    /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.
+    #[arg(long)]
+    pub attn_tile: bool,
 }
 
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
