@@ -46,7 +46,7 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi
-  if has fuse; then stage "gpu_check fuse bench bench-tile"; timeout 500 "$C" fuse bench bench-tile > "$out/fuse.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/fuse.log" | tee -a "$out/session.log"; fi
+  if has fuse; then stage "gpu_check fuse a8 bench bench-tile bench-a8"; timeout 500 "$C" fuse a8 bench bench-tile bench-a8 > "$out/fuse.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/fuse.log" | tee -a "$out/session.log"; fi
   if has single; then stage "gpu_check single bench-single"; timeout 300 "$C" single bench-single > "$out/single.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:|^  " "$out/single.log" | tee -a "$out/session.log"; fi
   if has prefill; then stage "gpu_check prefill prefill-e4b"; timeout 300 "$C" prefill prefill-e4b > "$out/prefill.log" 2>&1; grep -E "PASS|FAIL" "$out/prefill.log" | tee -a "$out/session.log"; fi
   if has real || has demo || has ppl; then

@@ -1,7 +1,7 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [fuse] [single] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench]
-//!        [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile] [bench-single]
+//! usage: gpu_check [parity] [fuse] [single] [a8] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench]
+//!        [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile] [bench-a8] [bench-single]
 //!        [bench-bf16] [bench-bf16-tiled] (default: all)
 
 use std::sync::Arc;
@@ -134,6 +134,43 @@ fn main() {
                 ),
                 Err(e) => check("e4b", false, e.to_string()),
             }
+        }
+    }
+    if want("a8") {
+        // int4 GEMVs with int8 activations against the CPU reference that rounds its matrix
+        // inputs the same way (MatmulInputs::Int8 { group: 128 }).
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let m = random_model(&small_spec(arch), seed);
+            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+            let o = CudaOptions {
+                int8_activations: true,
+                ..opts(Quant::Int4, false)
+            };
+            match parity(&m, &o, &p, 300) {
+                Ok(r) => check(
+                    name,
+                    r.rel_l2 < 1e-4 && r.greedy_identical(),
+                    format!("int8 activations {}", r.line()),
+                ),
+                Err(e) => check(name, false, e.to_string()),
+            }
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        let o = CudaOptions {
+            int8_activations: true,
+            ..opts(Quant::Int4, false)
+        };
+        match parity(&m, &o, &p, 8) {
+            Ok(r) => check(
+                "e4b",
+                r.rel_l2 < 1e-3 && r.greedy_identical(),
+                format!("int8 activations {}", r.line()),
+            ),
+            Err(e) => check("e4b", false, e.to_string()),
         }
     }
     if want("e4b-parity") {
@@ -392,6 +429,12 @@ fn main() {
                 ..b(quant, false)
             });
         }
+    }
+    if want("bench-a8") {
+        runs.push(BenchOptions {
+            int8_activations: true,
+            ..b(Quant::Int4, false)
+        });
     }
     if want("bench-single") {
         for quant in [Quant::Int4, Quant::Bf16] {

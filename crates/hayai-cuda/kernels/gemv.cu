@@ -26,6 +26,64 @@ struct GemvParams {
     int in_glu;              // `in` holds interleaved (gate, up) partials: x = gelu(gate) * up
 };
 
+// int8 activations for int4 weights (`gemv_a8`): x quantized per 128-column group, scale
+// t = max|x| / 127, q = round(x * (127 / max|x|)) — the CPU reference's
+// MatmulInputs::Int8 { group: 128 } — and multiplied with DP4A: integer sums, exact, then one
+// float multiply by (weight scale * t) per group and lane. Shared memory after x (cols floats):
+// the quantized x as 32-bit words in the order the weight nibbles need them, per group
+// [lane l][word u][A, B] (A pairs with the low nibbles of weight word u, B with the high ones),
+// then per group and lane the sum of its 32 quantized values (for the +8 nibble offset), then
+// per group t.
+__device__ void gemv_act8_quantize(const float* xs, int cols) {
+    uint8_t* x8 = (uint8_t*)(xs + cols);
+    int* xsum = (int*)(x8 + cols);
+    float* tq = (float*)(xsum + (cols >> 7) * 4);
+    const int groups = cols >> 7;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int g = warp; g < groups; g += blockDim.x >> 5) {
+        // Lane owns columns 4 lane .. 4 lane + 3 of the group.
+        const float4 v = ((const float4*)(xs + g * 128))[lane];
+        const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        const float inv = m > 0.f ? 127.f / m : 0.f;
+        const float vals[4] = {v.x, v.y, v.z, v.w};
+        int qsum = 0;
+        // Column c = 4 lane + i: weight word u = lane / 8, half = (lane % 8) / 4 (columns +16),
+        // weight lane l = lane % 4, nibble k = 4 half + i: byte k / 2 of word A (k even) or B.
+        const int u = lane >> 3, half = (lane >> 2) & 1, l = lane & 3;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int q = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
+            qsum += q;
+            const int k = 4 * half + i;
+            const int word = g * 32 + (l * 4 + u) * 2 + (k & 1);
+            x8[word * 4 + (k >> 1)] = (uint8_t)(int8_t)q;
+        }
+        // Lanes with the same l hold that weight lane's columns.
+        qsum += __shfl_xor_sync(HAYAI_FULL_MASK, qsum, 4);
+        qsum += __shfl_xor_sync(HAYAI_FULL_MASK, qsum, 8);
+        qsum += __shfl_xor_sync(HAYAI_FULL_MASK, qsum, 16);
+        if (lane < 4) xsum[g * 4 + lane] = qsum;
+        if (lane == 0) tq[g] = m / 127.f;
+    }
+    __syncthreads();
+}
+
+// One 128-column group of an int4 row (this lane's 16 bytes) against the int8 x: the exact
+// integer dot minus the nibble offset.
+__device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) {
+    const uint4 a = xw[0], b = xw[1];
+    int d = 0;
+    d = __dp4a((int)(w.x & 0x0F0F0F0Fu), (int)a.x, d);
+    d = __dp4a((int)((w.x >> 4) & 0x0F0F0F0Fu), (int)a.y, d);
+    d = __dp4a((int)(w.y & 0x0F0F0F0Fu), (int)a.z, d);
+    d = __dp4a((int)((w.y >> 4) & 0x0F0F0F0Fu), (int)a.w, d);
+    d = __dp4a((int)(w.z & 0x0F0F0F0Fu), (int)b.x, d);
+    d = __dp4a((int)((w.z >> 4) & 0x0F0F0F0Fu), (int)b.y, d);
+    d = __dp4a((int)(w.w & 0x0F0F0F0Fu), (int)b.z, d);
+    d = __dp4a((int)((w.w >> 4) & 0x0F0F0F0Fu), (int)b.w, d);
+    return d - 8 * xsum;
+}
+
 // Builds x (length cols, a multiple of 4) in shared memory. Loads are float4 and independent
 // across iterations so the prologue costs a few L2 round trips, not one per element. When
 // `scaled_store`, stores x[j] * 2^(-4 (j % 4)) for the int4 dequantization trick (see below).
@@ -230,11 +288,14 @@ __device__ __forceinline__ void gemv_load_batch(const GemvParams& p, const uint4
 // This lane's part of one row's dot product over units [u0, u1) with x in shared memory. `wv` and
 // `sc` come in holding the batch at u0 (requested by the caller before the prologue); each batch
 // is multiplied while the next one is in flight.
-template <int U>
+template <int U, bool A8 = false>
 __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* wrow,
                                               const uint16_t* srow, int u0, int u1, int l,
                                               const float* xs, uint4 (&wv)[U], uint32_t (&sc)[U]) {
     const uint32_t magic = 0x4B000000u;
+    const uint32_t* x8 = (const uint32_t*)(xs + p.cols);
+    const int* xsum = (const int*)(x8 + (p.cols >> 2));
+    const float* tq = (const float*)(xsum + (p.cols >> 7) * 4);
     float acc = 0.f;
     for (int g = u0; g < u1; g += U) {
         uint4 cw[U];
@@ -248,7 +309,11 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (g + u < u1) {
-                if (p.int4) {
+                if (A8) {
+                    const int gg = g + u;
+                    const int d = dot_group_a8(cw[u], (const uint4*)(x8 + gg * 32 + l * 8), xsum[gg * 4 + l]);
+                    acc = fmaf((float)d, __uint_as_float(cs[u] << 16) * tq[gg], acc);
+                } else if (p.int4) {
                     acc = fmaf(dot_group_int4(cw[u], (const float4*)(xs + (g + u) * 128 + 4 * l), magic),
                                __uint_as_float(cs[u] << 16), acc);
                 } else {
@@ -262,7 +327,7 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
 
 // The tiled GEMV: one 64-row tile and one K split per block; U = 16-byte loads in flight per
 // lane (the per-lane order of additions is the same for every U, so results are too).
-template <int U>
+template <int U, bool A8 = false>
 __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     __shared__ float red[32];
     __shared__ int last;
@@ -286,10 +351,15 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
 
     pdl_wait();
     pdl_launch_dependents();
-    gemv_prologue(p, xs, red, p.int4 != 0);
+    if (A8) {
+        gemv_prologue(p, xs, red, false);
+        gemv_act8_quantize(xs, p.cols);
+    } else {
+        gemv_prologue(p, xs, red, p.int4 != 0);
+    }
 
     float acc = 0.f;
-    if (valid) acc = gemv_row_dot<U>(p, wrow, srow, u0, u1, l, xs, wv, sc);
+    if (valid) acc = gemv_row_dot<U, A8>(p, wrow, srow, u0, u1, l, xs, wv, sc);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 1);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
     if (p.glu) {
@@ -323,6 +393,12 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams p) {
     extern __shared__ float xs[];
     gemv_tiled<GEMV_UNROLL>(p, xs);
+}
+
+// int4 weights with int8 activations (see gemv_act8_quantize); int4 matrices only.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_a8(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_tiled<GEMV_UNROLL, true>(p, xs);
 }
 
 // The same with 8 loads in flight per lane (fewer dependent round trips per row, more registers).

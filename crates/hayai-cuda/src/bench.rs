@@ -33,6 +33,8 @@ pub struct BenchOptions {
     pub single_kernel: bool,
     /// See [`CudaOptions::attn_smem_tile`].
     pub attn_smem_tile: bool,
+    /// See [`CudaOptions::int8_activations`].
+    pub int8_activations: bool,
 }
 
 impl Default for BenchOptions {
@@ -50,6 +52,7 @@ impl Default for BenchOptions {
             attn_prefetch: false,
             single_kernel: false,
             attn_smem_tile: false,
+            int8_activations: false,
         }
     }
 }
@@ -74,6 +77,7 @@ pub struct BenchReport {
     pub attn_prefetch: bool,
     pub single_kernel: bool,
     pub attn_smem_tile: bool,
+    pub int8_activations: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -100,11 +104,17 @@ impl BenchReport {
             "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  attention tile: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.quant.name(),
-            match (self.single_kernel, self.persistent_gemv, self.gemv_unroll8) {
-                (true, _, _) => "single-kernel step",
-                (false, true, _) => "persistent",
-                (false, false, true) => "tiled, 8 loads in flight",
-                (false, false, false) => "tiled",
+            match (
+                self.single_kernel,
+                self.persistent_gemv,
+                self.int8_activations,
+                self.gemv_unroll8
+            ) {
+                (true, ..) => "single-kernel step",
+                (false, true, ..) => "persistent",
+                (false, false, true, _) => "tiled, int8 activations (DP4A)",
+                (false, false, false, true) => "tiled, 8 loads in flight",
+                (false, false, false, false) => "tiled",
             },
             if self.pdl { "on" } else { "off" },
             if self.fuse_ple { "on" } else { "off" },
@@ -200,6 +210,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
             attn_prefetch: opts.attn_prefetch,
             single_kernel: opts.single_kernel,
             attn_smem_tile: opts.attn_smem_tile,
+            int8_activations: opts.int8_activations,
             ..Default::default()
         },
     )?;
@@ -261,6 +272,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         attn_prefetch: opts.attn_prefetch,
         single_kernel: opts.single_kernel,
         attn_smem_tile: opts.attn_smem_tile,
+        int8_activations: opts.int8_activations,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

@@ -272,6 +272,10 @@ pub fn parity(
         },
     )?;
     let mut cpu = CpuRunner::new(reference)?;
+    if opts.int8_activations {
+        // The GPU multiplies int8 activations (one scale per 128 columns): so does its reference.
+        cpu.set_matmul_inputs(MatmulInputs::Int8 { group: 128 });
+    }
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;
     let (max_abs, max_ref, rel_l2, mism) = compare_rows(&g, &c);

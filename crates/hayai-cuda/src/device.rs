@@ -59,6 +59,7 @@ pub(crate) struct Gpu {
 pub(crate) const KERNELS: &[&str] = &[
     "gemv",
     "gemv_u8",
+    "gemv_a8",
     "gemv_persistent",
     "gemv_pair",
     "attn_split",

@@ -276,3 +276,66 @@ mod scale_tests {
         assert!(bf16::from_bits(q.scales[0]).to_f32() > 0.0);
     }
 }
+
+/// A model of `gemv_a8`'s data layout (kernels/gemv.cu): the int8 activation words the
+/// prologue writes and the DP4A dot each weight lane computes must add up to the plain integer
+/// dot product of the group — checked here without a GPU.
+#[cfg(test)]
+mod act8_layout_tests {
+    use super::*;
+
+    fn dp4a(a: u32, b: u32, c: i32) -> i32 {
+        (0..4).fold(c, |acc, i| {
+            acc + ((a >> (8 * i)) as u8 as i8 as i32) * ((b >> (8 * i)) as u8 as i8 as i32)
+        })
+    }
+
+    #[test]
+    fn dp4a_words_reproduce_the_integer_dot_product() {
+        let cols = 256;
+        let mut r = hayai_model::random::SplitMix::new(3);
+        let m = Matrix::from_f32(2, cols, (0..2 * cols).map(|_| r.uniform()).collect());
+        let q = quantize_int4(&m);
+        let xq: Vec<i32> = (0..cols)
+            .map(|i| ((i * 37 + 11) % 255) as i32 - 127)
+            .collect();
+        for g in 0..cols / 128 {
+            // The prologue: warp lane `lane` owns columns 4 lane .. 4 lane + 3 of the group.
+            let mut words = [0u32; 32];
+            let mut xsum = [0i32; 4];
+            for lane in 0..32 {
+                let (u, half, l) = (lane >> 3, (lane >> 2) & 1, lane & 3);
+                for i in 0..4 {
+                    let v = xq[g * 128 + 4 * lane + i];
+                    let k = 4 * half + i;
+                    let word = (l * 4 + u) * 2 + (k & 1);
+                    words[word] |= ((v as i8 as u8) as u32) << (8 * (k >> 1));
+                    xsum[l] += v;
+                }
+            }
+            for row in 0..2 {
+                let packed = &q.packed[row * cols / 2..(row + 1) * cols / 2];
+                let mut total = 0i32;
+                for l in 0..4 {
+                    let b = &packed[g * 64 + l * 16..g * 64 + l * 16 + 16];
+                    let mut d = 0i32;
+                    for u in 0..4 {
+                        let w = u32::from_le_bytes([
+                            b[4 * u],
+                            b[4 * u + 1],
+                            b[4 * u + 2],
+                            b[4 * u + 3],
+                        ]);
+                        d = dp4a(w & 0x0F0F_0F0F, words[(l * 4 + u) * 2], d);
+                        d = dp4a((w >> 4) & 0x0F0F_0F0F, words[(l * 4 + u) * 2 + 1], d);
+                    }
+                    total += d - 8 * xsum[l];
+                }
+                let want: i32 = (0..128)
+                    .map(|c| q.q(row, g * 128 + c) as i32 * xq[g * 128 + c])
+                    .sum();
+                assert_eq!(total, want, "row {row} group {g}");
+            }
+        }
+    }
+}

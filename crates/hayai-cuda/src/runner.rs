@@ -75,6 +75,11 @@ pub struct CudaOptions {
     /// the previous kernel (`attn_split_tile`; same arithmetic, bit-identical results), so the
     /// cache reads overlap the QKV GEMV's tail and the query norm. Off until measured.
     pub attn_smem_tile: bool,
+    /// int4 GEMVs with the activation quantized to int8 per 128 columns and DP4A dot products
+    /// (`gemv_a8`; tiled GEMV only): ~4x fewer instructions per weight. Changes the arithmetic:
+    /// its CPU reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M:
+    /// +0.23%, docs/performance.md). Off until measured.
+    pub int8_activations: bool,
     /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
     /// between operations, each warp streaming its share of every GEMV's weights through a
     /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
@@ -103,6 +108,7 @@ impl Default for CudaOptions {
             gemv_unroll8: false,
             attn_prefetch: false,
             attn_smem_tile: false,
+            int8_activations: false,
             single_kernel: false,
             batched_prefill: true,
             precise_prefill: false,
@@ -289,6 +295,7 @@ struct StepParams {
 const PDL_KERNELS: &[&str] = &[
     "gemv",
     "gemv_u8",
+    "gemv_a8",
     "gemv_persistent",
     "gemv_pair",
     "attn_split",
@@ -580,6 +587,8 @@ pub struct CudaRunner {
     /// The tiled GEMV kernel's name (`gemv` or `gemv_u8`).
     tiled_gemv: &'static str,
     attn_prefetch: bool,
+    /// int4 GEMVs as `gemv_a8` (int8 activations).
+    int8_act: bool,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
     attn_tile_dims: Vec<usize>,
     /// The single-kernel step's launch shape, when it is in use.
@@ -625,6 +634,12 @@ impl Act {
         p.in_ld = self.ld as i32;
         p.in_glu = self.glu as i32;
     }
+}
+
+/// Dynamic shared memory of `gemv_a8` for width `cols`: x in f32, x in int8, and per 128-column
+/// group four lane sums and a scale.
+fn gemv_a8_smem(cols: usize) -> usize {
+    cols * 4 + cols + (cols / 128) * 20
 }
 
 /// Dynamic shared memory of `attn_split_tile` for head dim `hd`: K and V rows of one 32-key tile.
@@ -843,6 +858,17 @@ impl CudaRunner {
             gpu.set_max_dynamic_smem("gemv_pair", smem)?;
             gpu.set_max_dynamic_smem("gemv_u8", smem)?;
         }
+        if opts.int8_activations {
+            let a8 = gemv_a8_smem(max_cols);
+            if a8 > gpu.max_smem_optin()? {
+                return Err(CudaError::Unsupported(format!(
+                    "GEMV width {max_cols} with int8 activations needs more shared memory than the GPU has"
+                )));
+            }
+            if a8 > 48 * 1024 - 256 {
+                gpu.set_max_dynamic_smem("gemv_a8", a8)?;
+            }
+        }
 
         let info = RunnerInfo {
             vocab_size: spec.vocab,
@@ -870,6 +896,7 @@ impl CudaRunner {
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             attn_prefetch: opts.attn_prefetch,
             attn_tile_dims: Vec::new(),
+            int8_act: opts.int8_activations,
             step_kernel: None,
             step_profile: None,
             step_bufs: Vec::new(),
@@ -1101,6 +1128,16 @@ impl CudaRunner {
                 grid,
                 256,
                 smem as u32,
+                &p,
+            )
+        } else if self.int8_act && m.int4 {
+            Launch::new(
+                &self.gpu,
+                label,
+                "gemv_a8",
+                grid,
+                256,
+                gemv_a8_smem(m.cols) as u32,
                 &p,
             )
         } else {
@@ -1724,6 +1761,7 @@ mod tests {
     fn param_structs_match_the_kernels() {
         assert_eq!(std::mem::size_of::<GemvParams>(), 152);
         assert_eq!(std::mem::size_of::<GemvPairParams>(), 312);
+        assert_eq!(gemv_a8_smem(2560), 10240 + 2560 + 20 * 20);
         assert_eq!(std::mem::size_of::<AttnParams>(), 152);
         assert_eq!(std::mem::size_of::<StepParams>(), 40);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);

@@ -266,3 +266,17 @@ fn attention_tile_in_shared_memory_is_bit_identical() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn int8_activations_match_their_cpu_reference() {
+    require_gpu();
+    for (arch, seed) in [(Arch::Gemma4, 11), (Arch::Gemma3, 12)] {
+        let m = random_model(&small_spec(arch), seed);
+        let o = CudaOptions {
+            int8_activations: true,
+            ..opts(Quant::Int4, false)
+        };
+        assert_parity(&m, &o, 24, 300, 1e-4);
+    }
+}

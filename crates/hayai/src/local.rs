@@ -654,6 +654,9 @@ pub struct GpuVariantArgs {
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.
     #[arg(long)]
     pub attn_tile: bool,
+    /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
+    #[arg(long)]
+    pub int8_activations: bool,
 }
 
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {

@@ -127,6 +127,7 @@ pub fn bench_engine(
             attn_prefetch: variant.attn_prefetch,
             single_kernel: variant.single_kernel,
             attn_smem_tile: variant.attn_tile,
+            int8_activations: variant.int8_activations,
             ..Default::default()
         };
         let r = hayai_cuda::bench_engine(model, &opts)?;
@@ -139,7 +140,7 @@ pub fn bench_engine(
                     "tok_s": r.tok_s, "runs_tok_s": r.runs_tok_s, "ms_per_token": r.ms_per_token,
                     "kernels_per_step": r.kernels_per_step,
                     "pdl": r.pdl, "persistent_gemv": r.persistent_gemv, "fuse_ple": r.fuse_ple,
-                    "gemv_unroll8": r.gemv_unroll8, "attn_prefetch": r.attn_prefetch, "single_kernel": r.single_kernel, "attn_smem_tile": r.attn_smem_tile,
+                    "gemv_unroll8": r.gemv_unroll8, "attn_prefetch": r.attn_prefetch, "single_kernel": r.single_kernel, "attn_smem_tile": r.attn_smem_tile, "int8_activations": r.int8_activations,
                     "weight_bytes_per_token": r.weight_bytes_per_token,
                     "achieved_gb_s": r.achieved_gb_s, "measured_read_gb_s": r.measured_read_gb_s,
                     "pct_of_measured": r.pct_of_measured,
