@@ -30,6 +30,46 @@ fn prefill_ok(r: &hayai_cuda::check::PrefillReport) -> bool {
     r.precise_ok()
 }
 
+/// The two small random models the checks run on (Gemma 4: head dims 128/256, sliding window
+/// 8, KV sharing, per-layer embeddings, softcap; Gemma 3), each with a prompt of `len` tokens.
+fn small_models(len: usize) -> Vec<(&'static str, hayai_model::Model, Vec<u32>)> {
+    [
+        ("small-gemma4", Arch::Gemma4, 1),
+        ("small-gemma3", Arch::Gemma3, 2),
+    ]
+    .into_iter()
+    .map(|(name, arch, seed)| {
+        let m = random_model(&small_spec(arch), seed);
+        let p = hayai_cuda::bench::bench_prompt(len, m.spec.vocab);
+        (name, m, p)
+    })
+    .collect()
+}
+
+/// (passed, line) of a parity run: logits within `tol` (rel L2) of the CPU reference and every
+/// greedy token identical.
+fn parity_verdict(
+    r: Result<hayai_cuda::check::ParityReport, hayai_cuda::CudaError>,
+    tol: f64,
+    label: String,
+) -> (bool, String) {
+    match r {
+        Ok(r) => (
+            r.rel_l2 < tol && r.greedy_identical(),
+            format!("{label}{}", r.line()),
+        ),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+/// (passed, line) of a yes/no check (bit-identity of two configurations).
+fn verdict(r: Result<bool, hayai_cuda::CudaError>, line: String) -> (bool, String) {
+    match r {
+        Ok(ok) => (ok, line),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let want = |k: &str| args.is_empty() || args.iter().any(|a| a == k);
@@ -52,41 +92,34 @@ fn main() {
     };
 
     if want("parity") {
-        for (name, arch, seed) in [
-            ("small-gemma4", Arch::Gemma4, 1),
-            ("small-gemma3", Arch::Gemma3, 2),
-        ] {
-            let m = random_model(&small_spec(arch), seed);
-            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        for (name, m, p) in small_models(32) {
             for persistent in [true, false] {
                 let kind = if persistent { "persistent" } else { "tiled" };
                 for q in [Quant::Bf16, Quant::Int4] {
-                    match parity(&m, &opts(q, persistent), &p, 300) {
-                        Ok(r) => check(
-                            name,
-                            r.rel_l2 < 1e-4 && r.greedy_identical(),
-                            format!("{kind} {}", r.line()),
-                        ),
-                        Err(e) => check(name, false, e.to_string()),
+                    {
+                        let (ok, line) = parity_verdict(
+                            parity(&m, &opts(q, persistent), &p, 300),
+                            1e-4,
+                            format!("{kind} "),
+                        );
+                        check(name, ok, line);
                     }
                 }
-                match graph_matches_eager(&m, Quant::Int4, persistent, &p[..8]) {
-                    Ok(ok) => check(name, ok, format!("{kind} graph replay == eager launches")),
-                    Err(e) => check(name, false, e.to_string()),
-                }
+                let (ok, line) = verdict(
+                    graph_matches_eager(&m, Quant::Int4, persistent, &p[..8]),
+                    format!("{kind} graph replay == eager launches"),
+                );
+                check(name, ok, line);
             }
             // Programmatic dependent launch off (the cases above run with it on sm_90+).
             let o = CudaOptions {
                 pdl: false,
                 ..opts(Quant::Int4, false)
             };
-            match parity(&m, &o, &p, 300) {
-                Ok(r) => check(
-                    name,
-                    r.rel_l2 < 1e-4 && r.greedy_identical(),
-                    format!("tiled pdl=off {}", r.line()),
-                ),
-                Err(e) => check(name, false, e.to_string()),
+            {
+                let (ok, line) =
+                    parity_verdict(parity(&m, &o, &p, 300), 1e-4, "tiled pdl=off ".to_string());
+                check(name, ok, line);
             }
         }
     }
@@ -94,12 +127,7 @@ fn main() {
         // The single-kernel step against the CPU reference (its K splits differ from the
         // launch plan's, so the comparison is to tolerance plus greedy identity), graph replay
         // against eager launch, and the E4B shapes.
-        for (name, arch, seed) in [
-            ("small-gemma4", Arch::Gemma4, 1),
-            ("small-gemma3", Arch::Gemma3, 2),
-        ] {
-            let m = random_model(&small_spec(arch), seed);
-            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        for (name, m, p) in small_models(32) {
             for q in [Quant::Bf16, Quant::Int4] {
                 for use_graph in [true, false] {
                     let o = CudaOptions {
@@ -108,13 +136,13 @@ fn main() {
                         batched_prefill: false,
                         ..opts(q, false)
                     };
-                    match parity(&m, &o, &p, 300) {
-                        Ok(r) => check(
-                            name,
-                            r.rel_l2 < 1e-4 && r.greedy_identical(),
-                            format!("single-kernel graph {use_graph} {}", r.line()),
-                        ),
-                        Err(e) => check(name, false, e.to_string()),
+                    {
+                        let (ok, line) = parity_verdict(
+                            parity(&m, &o, &p, 300),
+                            1e-4,
+                            format!("single-kernel graph {use_graph} "),
+                        );
+                        check(name, ok, line);
                     }
                 }
             }
@@ -126,36 +154,28 @@ fn main() {
                 single_kernel: true,
                 ..opts(q, false)
             };
-            match parity(&m, &o, &p, 8) {
-                Ok(r) => check(
-                    "e4b",
-                    r.rel_l2 < 1e-3 && r.greedy_identical(),
-                    format!("single-kernel {}", r.line()),
-                ),
-                Err(e) => check("e4b", false, e.to_string()),
+            {
+                let (ok, line) =
+                    parity_verdict(parity(&m, &o, &p, 8), 1e-3, "single-kernel ".to_string());
+                check("e4b", ok, line);
             }
         }
     }
     if want("a8") {
         // int4 GEMVs with int8 activations against the CPU reference that rounds its matrix
         // inputs the same way (MatmulInputs::Int8 { group: 128 }).
-        for (name, arch, seed) in [
-            ("small-gemma4", Arch::Gemma4, 1),
-            ("small-gemma3", Arch::Gemma3, 2),
-        ] {
-            let m = random_model(&small_spec(arch), seed);
-            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        for (name, m, p) in small_models(32) {
             let o = CudaOptions {
                 int8_activations: true,
                 ..opts(Quant::Int4, false)
             };
-            match parity(&m, &o, &p, 300) {
-                Ok(r) => check(
-                    name,
-                    r.rel_l2 < 1e-4 && r.greedy_identical(),
-                    format!("int8 activations {}", r.line()),
-                ),
-                Err(e) => check(name, false, e.to_string()),
+            {
+                let (ok, line) = parity_verdict(
+                    parity(&m, &o, &p, 300),
+                    1e-4,
+                    "int8 activations ".to_string(),
+                );
+                check(name, ok, line);
             }
         }
         let m = random_model_bf16(&e4b_spec(), 7);
@@ -164,13 +184,10 @@ fn main() {
             int8_activations: true,
             ..opts(Quant::Int4, false)
         };
-        match parity(&m, &o, &p, 8) {
-            Ok(r) => check(
-                "e4b",
-                r.rel_l2 < 1e-3 && r.greedy_identical(),
-                format!("int8 activations {}", r.line()),
-            ),
-            Err(e) => check("e4b", false, e.to_string()),
+        {
+            let (ok, line) =
+                parity_verdict(parity(&m, &o, &p, 8), 1e-3, "int8 activations ".to_string());
+            check("e4b", ok, line);
         }
     }
     if want("e4b-parity") {
@@ -183,10 +200,9 @@ fn main() {
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
         for (q, steps) in [(Quant::Bf16, 8), (Quant::Int4, 8)] {
             let t = Instant::now();
-            match parity(&m, &opts(q, true), &p, steps) {
-                Ok(r) => check("e4b", r.rel_l2 < 1e-3 && r.greedy_identical(), r.line()),
-                Err(e) => check("e4b", false, e.to_string()),
-            }
+            let (ok, line) =
+                parity_verdict(parity(&m, &opts(q, true), &p, steps), 1e-3, String::new());
+            check("e4b", ok, line);
             println!("  ({:.1} s)", t.elapsed().as_secs_f64());
         }
     }
@@ -206,17 +222,16 @@ fn main() {
                         fuse_ple: true,
                         ..o.clone()
                     };
-                    match same_results(&m, &o, &f, &p, 100) {
-                        Ok(ok) => check(
-                            "small-gemma4",
-                            ok,
+                    {
+                        let (ok, line) = verdict(
+                            same_results(&m, &o, &f, &p, 100),
                             format!(
                                 "fused PLE == separate ({}, {}, graph {use_graph}): bit-identical",
                                 if persistent { "persistent" } else { "tiled" },
                                 q.name()
                             ),
-                        ),
-                        Err(e) => check("small-gemma4", false, e.to_string()),
+                        );
+                        check("small-gemma4", ok, line);
                     }
                 }
             }
@@ -228,23 +243,17 @@ fn main() {
                 gemv_unroll8: true,
                 ..o.clone()
             };
-            match same_results(&m, &o, &u, &p, 100) {
-                Ok(ok) => check(
-                    "small-gemma4",
-                    ok,
+            {
+                let (ok, line) = verdict(
+                    same_results(&m, &o, &u, &p, 100),
                     format!("gemv_u8 == gemv ({}): bit-identical", q.name()),
-                ),
-                Err(e) => check("small-gemma4", false, e.to_string()),
+                );
+                check("small-gemma4", ok, line);
             }
         }
         // Attention with its K/V tile in shared memory: the same arithmetic, the same results
         // (small Gemma 4 and Gemma 3: sliding ring, KV sharing, 300 steps past the wrap-around).
-        for (name, arch, seed) in [
-            ("small-gemma4", Arch::Gemma4, 1),
-            ("small-gemma3", Arch::Gemma3, 2),
-        ] {
-            let m = random_model(&small_spec(arch), seed);
-            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        for (name, m, p) in small_models(32) {
             for q in [Quant::Bf16, Quant::Int4] {
                 let o = CudaOptions {
                     batched_prefill: false,
@@ -254,16 +263,15 @@ fn main() {
                     attn_smem_tile: true,
                     ..o.clone()
                 };
-                match same_results(&m, &o, &f, &p, 300) {
-                    Ok(ok) => check(
-                        name,
-                        ok,
+                {
+                    let (ok, line) = verdict(
+                        same_results(&m, &o, &f, &p, 300),
                         format!(
                             "attention tile in shared memory == global ({}): bit-identical",
                             q.name()
                         ),
-                    ),
-                    Err(e) => check(name, false, e.to_string()),
+                    );
+                    check(name, ok, line);
                 }
             }
         }
@@ -274,37 +282,28 @@ fn main() {
                 attn_prefetch: true,
                 ..o.clone()
             };
-            match same_results(&m, &o, &f, &p, 100) {
-                Ok(ok) => check(
-                    "small-gemma4",
-                    ok,
+            {
+                let (ok, line) = verdict(
+                    same_results(&m, &o, &f, &p, 100),
                     format!("attention prefetch on == off ({}): bit-identical", q.name()),
-                ),
-                Err(e) => check("small-gemma4", false, e.to_string()),
+                );
+                check("small-gemma4", ok, line);
             }
         }
         let o = CudaOptions {
             fuse_ple: true,
             ..opts(Quant::Int4, false)
         };
-        match parity(&m, &o, &p, 300) {
-            Ok(r) => check(
-                "small-gemma4",
-                r.rel_l2 < 1e-4 && r.greedy_identical(),
-                format!("fused PLE {}", r.line()),
-            ),
-            Err(e) => check("small-gemma4", false, e.to_string()),
+        {
+            let (ok, line) =
+                parity_verdict(parity(&m, &o, &p, 300), 1e-4, "fused PLE ".to_string());
+            check("small-gemma4", ok, line);
         }
     }
     if want("prefill") {
         // Batched (tensor-core) prefill vs the CPU reference: 300 tokens cross a chunk boundary
         // and the small models' 8-token sliding window many times.
-        for (name, arch, seed) in [
-            ("small-gemma4", Arch::Gemma4, 1),
-            ("small-gemma3", Arch::Gemma3, 2),
-        ] {
-            let m = random_model(&small_spec(arch), seed);
-            let p = hayai_cuda::bench::bench_prompt(300, m.spec.vocab);
+        for (name, m, p) in small_models(300) {
             for q in [Quant::Bf16, Quant::Int4] {
                 match prefill_parity(&m, &opts(q, false), &p, 64, true) {
                     Ok(r) => check(name, prefill_ok(&r), r.line()),
@@ -369,31 +368,25 @@ fn main() {
             }
         }
     }
-    // (quant, persistent GEMV, programmatic dependent launch) to benchmark.
     // Benchmarks on E4B shapes: the defaults and the decode-kernel variants.
-    let b = |quant: Quant, persistent_gemv: bool| BenchOptions {
-        quant,
-        persistent_gemv,
-        ..Default::default()
-    };
-    let mut runs: Vec<BenchOptions> = Vec::new();
+    let mut runs: Vec<CudaOptions> = Vec::new();
     if want("bench") {
-        runs.push(b(Quant::Int4, true));
-        runs.push(b(Quant::Int4, false));
+        runs.push(opts(Quant::Int4, true));
+        runs.push(opts(Quant::Int4, false));
     }
     if want("bench-nopdl") {
         for persistent in [true, false] {
-            runs.push(BenchOptions {
+            runs.push(CudaOptions {
                 pdl: false,
-                ..b(Quant::Int4, persistent)
+                ..opts(Quant::Int4, persistent)
             });
         }
     }
     if want("bench-fuse") {
         for persistent in [false, true] {
-            runs.push(BenchOptions {
+            runs.push(CudaOptions {
                 fuse_ple: true,
-                ..b(Quant::Int4, persistent)
+                ..opts(Quant::Int4, persistent)
             });
         }
     }
@@ -403,52 +396,52 @@ fn main() {
             (Quant::Int4, true),
             (Quant::Bf16, false),
         ] {
-            runs.push(BenchOptions {
+            runs.push(CudaOptions {
                 gemv_unroll8: true,
                 fuse_ple,
-                ..b(quant, false)
+                ..opts(quant, false)
             });
         }
     }
     if want("bench-prefetch") {
-        runs.push(BenchOptions {
+        runs.push(CudaOptions {
             attn_prefetch: true,
-            ..b(Quant::Int4, false)
+            ..opts(Quant::Int4, false)
         });
-        runs.push(BenchOptions {
+        runs.push(CudaOptions {
             attn_prefetch: true,
             fuse_ple: true,
             gemv_unroll8: true,
-            ..b(Quant::Int4, false)
+            ..opts(Quant::Int4, false)
         });
     }
     if want("bench-tile") {
         for quant in [Quant::Int4, Quant::Bf16] {
-            runs.push(BenchOptions {
+            runs.push(CudaOptions {
                 attn_smem_tile: true,
-                ..b(quant, false)
+                ..opts(quant, false)
             });
         }
     }
     if want("bench-a8") {
-        runs.push(BenchOptions {
+        runs.push(CudaOptions {
             int8_activations: true,
-            ..b(Quant::Int4, false)
+            ..opts(Quant::Int4, false)
         });
     }
     if want("bench-single") {
         for quant in [Quant::Int4, Quant::Bf16] {
-            runs.push(BenchOptions {
+            runs.push(CudaOptions {
                 single_kernel: true,
-                ..b(quant, false)
+                ..opts(quant, false)
             });
         }
     }
     if want("bench-bf16") {
-        runs.push(b(Quant::Bf16, true));
+        runs.push(opts(Quant::Bf16, true));
     }
     if want("bench-bf16-tiled") {
-        runs.push(b(Quant::Bf16, false));
+        runs.push(opts(Quant::Bf16, false));
     }
     if !runs.is_empty() {
         let t = Instant::now();
@@ -457,11 +450,15 @@ fn main() {
             "e4b synthetic model built in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        for o in runs {
+        for cuda in runs {
+            let o = BenchOptions {
+                cuda,
+                ..Default::default()
+            };
             match bench_engine(m.clone(), &o) {
                 Ok(r) => println!(
                     "== bench-engine synth:e4b --quant {} --prompt-len 128 --gen 512\n{}",
-                    o.quant.name(),
+                    o.cuda.quant.name(),
                     r.to_text()
                 ),
                 Err(e) => check("bench", false, e.to_string()),

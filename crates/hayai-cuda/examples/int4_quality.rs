@@ -15,6 +15,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use half::bf16;
+use hayai_bench::ppl::{load_records, PplAccumulator, PplRecord};
+use hayai_cuda::quant::{bf16_matrix, quantize_model_with};
+use hayai_engine::LogprobEntry;
 use hayai_model::cpu::CpuRunner;
 use hayai_model::{Matrix, Model, Rows, Runner};
 
@@ -79,85 +82,39 @@ fn qdq(m: &Matrix, s: Scheme, group: usize) -> Matrix {
     Matrix::from_f32(m.rows, m.cols, data)
 }
 
-fn bf16_matrix(m: &Matrix) -> Matrix {
-    let data = (0..m.rows).flat_map(|r| m.row(r).iter().map(|&v| bf(v)).collect::<Vec<_>>());
-    Matrix::from_f32(m.rows, m.cols, data.collect())
-}
-
+/// The model with every int4-eligible projection quantized by `s` (see `quantize_model_with`),
+/// optionally with the output projection kept in bf16.
 fn quantized(model: &Model, s: Scheme, group: usize, head_bf16: bool) -> Model {
-    let mut m = model.clone();
-    if m.weights.lm_head.is_none() {
-        m.weights.lm_head = Some(m.weights.embed.clone());
-    }
-    m.weights.embed = bf16_matrix(&m.weights.embed);
-    if let Some(p) = m.weights.ple.as_mut() {
-        p.table = bf16_matrix(&p.table);
-    }
-    m.weights.for_each_linear_mut(|_, x| {
-        *x = if x.cols % 128 == 0 {
-            qdq(x, s, group)
-        } else {
-            bf16_matrix(x)
-        };
-    });
+    let mut m = quantize_model_with(model, |x| qdq(x, s, group));
     if head_bf16 {
-        if let Some(h) = model
+        let head = model
             .weights
             .lm_head
             .as_ref()
-            .or(Some(&model.weights.embed))
-        {
-            m.weights.lm_head = Some(bf16_matrix(h));
-        }
+            .unwrap_or(&model.weights.embed);
+        m.weights.lm_head = Some(bf16_matrix(head));
     }
     m
 }
 
-/// (context, target) token lists from challenge-format JSONL.
-fn records(text: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
-    let list = |line: &str, key: &str| -> Vec<u32> {
-        let at = line.find(key).expect("key") + key.len();
-        let open = at + line[at..].find('[').expect("[") + 1;
-        let close = open + line[open..].find(']').expect("]");
-        line[open..close]
-            .split(',')
-            .filter(|t| !t.trim().is_empty())
-            .map(|t| t.trim().parse().expect("token id"))
-            .collect()
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            (
-                list(l, "\"context_token_ids\""),
-                list(l, "\"target_token_ids\""),
-            )
-        })
-        .collect()
-}
-
-fn ppl(model: Model, recs: &[(Vec<u32>, Vec<u32>)]) -> f64 {
+/// Perplexity over `recs` as `hayai ppl` scores it in process.
+fn ppl(model: Model, recs: &[PplRecord]) -> f64 {
     let mut r = CpuRunner::new(Arc::new(model)).expect("runner");
-    let (mut nll, mut n) = (0.0f64, 0usize);
-    for (ctx, tgt) in recs {
+    let mut acc = PplAccumulator::default();
+    for rec in recs {
+        let seq = rec.prompt();
+        let first = rec.context_token_ids.len();
+        let mut lps = Vec::new();
         r.truncate(0);
-        let seq: Vec<u32> = ctx.iter().chain(tgt).copied().collect();
-        let first = ctx.len() - 1;
-        r.forward(&seq[..seq.len() - 1], Rows::All, &mut |i, logits| {
-            if i >= first {
-                let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-                let lse = m + logits
-                    .iter()
-                    .map(|&v| (v as f64 - m).exp())
-                    .sum::<f64>()
-                    .ln();
-                nll += lse - logits[seq[i + 1] as usize] as f64;
-                n += 1;
+        r.forward(&seq, Rows::All, &mut |i, logits| {
+            if i + 1 >= first && i + 1 < seq.len() {
+                lps.push(LogprobEntry::from_logits(logits, seq[i + 1], 0).logprob as f64);
             }
         })
         .expect("forward");
+        acc.add(&rec.id, &lps).expect("record");
     }
-    (nll / n as f64).exp()
+    acc.summary().ppl
 }
 
 fn main() {
@@ -176,13 +133,13 @@ fn main() {
     let limit: usize = arg(2).map_or(usize::MAX, |n| n.parse().expect("LIMIT"));
     let only: Vec<&String> = args.iter().skip(3).collect();
     let model = hayai_model::load::load_model(&model_path).expect("model");
-    let mut recs = records(&std::fs::read_to_string(&rec_path).expect("records"));
+    let mut recs = load_records(std::path::Path::new(&rec_path)).expect("records");
     recs.truncate(limit);
     println!(
         "{} | {} records, {} target tokens",
         model_path.display(),
         recs.len(),
-        recs.iter().map(|r| r.1.len()).sum::<usize>()
+        recs.iter().map(|r| r.target_token_ids.len()).sum::<usize>()
     );
     let t = Instant::now();
     println!(

@@ -47,7 +47,6 @@ struct StepParams {
     int n_ops;
     int first_gemv;
     int x_floats;  // shared floats before the ring: GEMV input x, or attention scratch
-    int argmax_blocks;
 };
 
 

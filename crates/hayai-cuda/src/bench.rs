@@ -8,51 +8,27 @@ use std::time::Instant;
 use hayai_model::{Model, Rows, Runner};
 
 use crate::device::Gpu;
-use crate::runner::{BwParams, CudaOptions, CudaRunner, Quant};
+use crate::runner::{BwParams, CudaOptions, CudaRunner};
 use crate::CudaError;
 
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
-    pub quant: Quant,
     pub prompt_len: usize,
     pub gen: usize,
-    pub device_ordinal: usize,
     /// Decode runs (after one warm-up run); the median is reported.
     pub runs: usize,
-    /// See [`CudaOptions::persistent_gemv`].
-    pub persistent_gemv: bool,
-    /// See [`CudaOptions::pdl`].
-    pub pdl: bool,
-    /// See [`CudaOptions::fuse_ple`].
-    pub fuse_ple: bool,
-    /// See [`CudaOptions::gemv_unroll8`].
-    pub gemv_unroll8: bool,
-    /// See [`CudaOptions::attn_prefetch`].
-    pub attn_prefetch: bool,
-    /// See [`CudaOptions::single_kernel`].
-    pub single_kernel: bool,
-    /// See [`CudaOptions::attn_smem_tile`].
-    pub attn_smem_tile: bool,
-    /// See [`CudaOptions::int8_activations`].
-    pub int8_activations: bool,
+    /// The runner's options (quantization, device, decode-kernel variants); the benchmark sets
+    /// `max_context` to what it needs and always replays the graph.
+    pub cuda: CudaOptions,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions {
-            quant: Quant::Int4,
             prompt_len: 128,
             gen: 512,
-            device_ordinal: 0,
             runs: 3,
-            persistent_gemv: false,
-            pdl: true,
-            fuse_ple: false,
-            gemv_unroll8: false,
-            attn_prefetch: false,
-            single_kernel: false,
-            attn_smem_tile: false,
-            int8_activations: false,
+            cuda: CudaOptions::default(),
         }
     }
 }
@@ -68,16 +44,10 @@ pub struct KernelTime {
 #[derive(Clone, Debug)]
 pub struct BenchReport {
     pub gpu: String,
-    pub quant: Quant,
-    pub persistent_gemv: bool,
+    /// The runner's options as asked for.
+    pub cuda: CudaOptions,
     /// Programmatic dependent launch was in effect (asked for, and the GPU is sm_90+).
     pub pdl: bool,
-    pub fuse_ple: bool,
-    pub gemv_unroll8: bool,
-    pub attn_prefetch: bool,
-    pub single_kernel: bool,
-    pub attn_smem_tile: bool,
-    pub int8_activations: bool,
     pub prompt_len: usize,
     pub gen: usize,
     pub prefill_ms: f64,
@@ -103,12 +73,12 @@ impl BenchReport {
         s += &format!(
             "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  attention tile: {}  prompt: {}  gen: {}\n",
             self.gpu,
-            self.quant.name(),
+            self.cuda.quant.name(),
             match (
-                self.single_kernel,
-                self.persistent_gemv,
-                self.int8_activations,
-                self.gemv_unroll8
+                self.cuda.single_kernel,
+                self.cuda.persistent_gemv,
+                self.cuda.int8_activations,
+                self.cuda.gemv_unroll8
             ) {
                 (true, ..) => "single-kernel step",
                 (false, true, ..) => "persistent",
@@ -117,9 +87,9 @@ impl BenchReport {
                 (false, false, false, false) => "tiled",
             },
             if self.pdl { "on" } else { "off" },
-            if self.fuse_ple { "on" } else { "off" },
-            if self.attn_prefetch { "on" } else { "off" },
-            if self.attn_smem_tile { "shared" } else { "global" },
+            if self.cuda.fuse_ple { "on" } else { "off" },
+            if self.cuda.attn_prefetch { "on" } else { "off" },
+            if self.cuda.attn_smem_tile { "shared" } else { "global" },
             self.prompt_len,
             self.gen
         );
@@ -199,19 +169,9 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
     let mut r = CudaRunner::new(
         model,
         CudaOptions {
-            quant: opts.quant,
             max_context: Some(total),
-            device_ordinal: opts.device_ordinal,
             use_graph: true,
-            persistent_gemv: opts.persistent_gemv,
-            pdl: opts.pdl,
-            fuse_ple: opts.fuse_ple,
-            gemv_unroll8: opts.gemv_unroll8,
-            attn_prefetch: opts.attn_prefetch,
-            single_kernel: opts.single_kernel,
-            attn_smem_tile: opts.attn_smem_tile,
-            int8_activations: opts.int8_activations,
-            ..Default::default()
+            ..opts.cuda.clone()
         },
     )?;
     let prompt = bench_prompt(opts.prompt_len.max(1), vocab);
@@ -264,15 +224,8 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
     let achieved = wb as f64 * tok_s / 1e9;
     Ok(BenchReport {
         gpu: r.gpu_name().to_string(),
-        quant: opts.quant,
-        persistent_gemv: opts.persistent_gemv,
+        cuda: opts.cuda.clone(),
         pdl: r.gpu().pdl,
-        fuse_ple: opts.fuse_ple,
-        gemv_unroll8: opts.gemv_unroll8,
-        attn_prefetch: opts.attn_prefetch,
-        single_kernel: opts.single_kernel,
-        attn_smem_tile: opts.attn_smem_tile,
-        int8_activations: opts.int8_activations,
         prompt_len: opts.prompt_len,
         gen: opts.gen,
         prefill_ms,

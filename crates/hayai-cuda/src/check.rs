@@ -30,6 +30,32 @@ pub struct ParityReport {
 }
 
 impl ParityReport {
+    /// From every prompt logit row of both sides and the greedy tokens each generated.
+    fn new(
+        quant: Quant,
+        gpu_rows: &[Vec<f32>],
+        cpu_rows: &[Vec<f32>],
+        steps: usize,
+        gpu_tokens: &[u32],
+        cpu_tokens: &[u32],
+    ) -> ParityReport {
+        let (max_abs, max_ref, rel_l2, mism) = compare_rows(gpu_rows, cpu_rows);
+        ParityReport {
+            quant,
+            prompt_len: gpu_rows.len(),
+            max_abs,
+            max_ref,
+            rel_l2,
+            prompt_argmax_mismatches: mism,
+            greedy_steps: steps,
+            greedy_agree: gpu_tokens
+                .iter()
+                .zip(cpu_tokens)
+                .take_while(|(a, b)| a == b)
+                .count(),
+        }
+    }
+
     pub fn greedy_identical(&self) -> bool {
         self.greedy_agree == self.greedy_steps
     }
@@ -182,7 +208,6 @@ pub fn prefill_parity(
     let mut twin = CpuRunner::new(twin_model.clone())?;
     twin.set_matmul_inputs(MatmulInputs::Bf16);
     let c = all_logits(&mut twin, prompt)?;
-    let (max_abs, max_ref, rel_l2, mism) = compare_rows(&g, &c);
     let (precise, precise_floor) = if precise {
         let mut p = CudaRunner::new(
             m.clone(),
@@ -232,18 +257,8 @@ pub fn prefill_parity(
     } else {
         (vec![first], vec![cfirst])
     };
-    let agree = gs.iter().zip(&cs).take_while(|(a, b)| a == b).count();
     Ok(PrefillReport {
-        twin: ParityReport {
-            quant,
-            prompt_len: prompt.len(),
-            max_abs,
-            max_ref,
-            rel_l2,
-            prompt_argmax_mismatches: mism,
-            greedy_steps: steps,
-            greedy_agree: agree,
-        },
+        twin: ParityReport::new(quant, &g, &c, steps, &gs, &cs),
         precise,
         precise_floor,
         chunking_invariant,
@@ -278,21 +293,10 @@ pub fn parity(
     }
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;
-    let (max_abs, max_ref, rel_l2, mism) = compare_rows(&g, &c);
     let first = argmax(c.last().map(|v| &v[..]).unwrap_or(&[]));
     let gs = greedy(&mut gpu, first, steps)?;
     let cs = greedy(&mut cpu, first, steps)?;
-    let agree = gs.iter().zip(&cs).take_while(|(a, b)| a == b).count();
-    Ok(ParityReport {
-        quant,
-        prompt_len: prompt.len(),
-        max_abs,
-        max_ref,
-        rel_l2,
-        prompt_argmax_mismatches: mism,
-        greedy_steps: steps,
-        greedy_agree: agree,
-    })
+    Ok(ParityReport::new(quant, &g, &c, steps, &gs, &cs))
 }
 
 /// Two decode configurations that must compute the same arithmetic (e.g. `fuse_ple`,

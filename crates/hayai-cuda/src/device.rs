@@ -56,26 +56,29 @@ pub(crate) struct Gpu {
     pub pdl: bool,
 }
 
-pub(crate) const KERNELS: &[&str] = &[
-    "gemv",
-    "gemv_u8",
-    "gemv_a8",
-    "gemv_persistent",
-    "gemv_pair",
-    "attn_split",
-    "attn_split_tile",
-    "argmax_stage1",
-    "argmax_stage2",
-    "ple_combine",
-    "read_bw",
-    "pf_rows",
-    "pf_act",
-    "pf_ple",
-    "pf_qkv",
-    "pf_attention",
-    "pf_gemm",
-    "decode_step_s6",
-    "decode_step_s3",
+/// Every kernel of the fatbin, and whether it is written for programmatic dependent launch:
+/// such a kernel calls `pdl_wait` (kernels/common.cuh) in every thread before it reads anything
+/// an earlier kernel writes and before any global write. Only those get the launch attribute.
+pub(crate) const KERNELS: &[(&str, bool)] = &[
+    ("gemv", true),
+    ("gemv_u8", true),
+    ("gemv_a8", true),
+    ("gemv_persistent", true),
+    ("gemv_pair", true),
+    ("attn_split", true),
+    ("attn_split_tile", true),
+    ("argmax_stage1", true),
+    ("argmax_stage2", true),
+    ("ple_combine", true),
+    ("read_bw", false),
+    ("pf_rows", false),
+    ("pf_act", false),
+    ("pf_ple", false),
+    ("pf_qkv", false),
+    ("pf_attention", false),
+    ("pf_gemm", false),
+    ("decode_step_s6", false),
+    ("decode_step_s3", false),
 ];
 
 impl Gpu {
@@ -95,7 +98,7 @@ impl Gpu {
             .load_module(cudarc::nvrtc::Ptx::from_binary(FATBIN.to_vec()))
             .map_err(drv)?;
         let mut funcs = HashMap::new();
-        for &k in KERNELS {
+        for &(k, _) in KERNELS {
             funcs.insert(k, module.load_function(k).map_err(drv)?);
         }
         let name = ctx.name().map_err(drv)?;

@@ -135,7 +135,8 @@ pub fn to_bf16_bits(m: &Matrix) -> Vec<u16> {
     }
 }
 
-fn bf16_matrix(m: &Matrix) -> Matrix {
+/// `m` rounded to bf16 (nearest even), kept as f32.
+pub fn bf16_matrix(m: &Matrix) -> Matrix {
     Matrix::from_bf16_bits(m.rows, m.cols, to_bf16_bits(m))
 }
 
@@ -159,6 +160,14 @@ pub fn round_model_bf16(model: &Model) -> Model {
 /// the embedding) replaced by their dequantized int4 values where `cols % 128 == 0`, bf16
 /// elsewhere; embedding and PLE tables (gathers, not streamed) rounded to bf16.
 pub fn quantize_model_int4(model: &Model) -> Model {
+    quantize_model_with(model, |x| quantize_int4(x).dequantize())
+}
+
+/// `model` with its output projection untied from the embedding, the embedding and PLE table
+/// rounded to bf16, and every int4-eligible projection (`cols % 128 == 0`) replaced by `f` of it
+/// (the others rounded to bf16): [`quantize_model_int4`] with `f` = the GPU's int4 format, or
+/// another format to compare (`examples/int4_quality.rs`).
+pub fn quantize_model_with(model: &Model, f: impl Fn(&Matrix) -> Matrix) -> Model {
     let mut m = model.clone();
     let head = if m.weights.lm_head.is_none() {
         Some(m.weights.embed.clone())
@@ -174,7 +183,7 @@ pub fn quantize_model_int4(model: &Model) -> Model {
     }
     m.weights.for_each_linear_mut(|_, x| {
         *x = if int4_eligible(x.cols) {
-            quantize_int4(x).dequantize()
+            f(x)
         } else {
             bf16_matrix(x)
         };

@@ -286,24 +286,7 @@ struct StepParams {
     n_ops: i32,
     first_gemv: i32,
     x_floats: i32,
-    argmax_blocks: i32,
 }
-
-/// Kernels written for programmatic dependent launch: each calls `pdl_wait` (kernels/common.cuh)
-/// in every thread before it reads anything an earlier kernel writes and before any global write.
-/// Only these get the launch attribute; any other kernel launches plainly.
-const PDL_KERNELS: &[&str] = &[
-    "gemv",
-    "gemv_u8",
-    "gemv_a8",
-    "gemv_persistent",
-    "gemv_pair",
-    "attn_split",
-    "attn_split_tile",
-    "argmax_stage1",
-    "argmax_stage2",
-    "ple_combine",
-];
 
 /// One recorded kernel launch of the decode plan.
 pub(crate) struct Launch {
@@ -346,7 +329,7 @@ impl Launch {
             block,
             smem,
             params,
-            pdl: PDL_KERNELS.contains(&kernel),
+            pdl: crate::device::KERNELS.contains(&(kernel, true)),
         }
     }
 
@@ -1036,7 +1019,6 @@ impl CudaRunner {
             n_ops: n as i32,
             first_gemv,
             x_floats: cfg.x_floats as i32,
-            argmax_blocks: ARGMAX_BLOCKS as i32,
         };
         let launch = |p: &StepParams| {
             Launch::new(
@@ -1094,7 +1076,8 @@ impl CudaRunner {
     ) -> (Launch, Act) {
         if self.step_kernel.is_some() {
             // The single-kernel step: partials stay in `out` ([splits][rows]) for the consumer's
-            // prologue; GeGLU is applied there too (`in_glu`); octet-layout scales.
+            // prologue; GeGLU is applied there too (`in_glu`); octet-layout scales. The launch
+            // is never run: `step_launch` turns its parameters into an operation record.
             let glu = p.glu != 0;
             let mut p = self.gemv_params(m, (out, 0), splits, p);
             p.counters = 0;
@@ -1763,7 +1746,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<GemvPairParams>(), 312);
         assert_eq!(gemv_a8_smem(2560), 10240 + 2560 + 20 * 20);
         assert_eq!(std::mem::size_of::<AttnParams>(), 152);
-        assert_eq!(std::mem::size_of::<StepParams>(), 40);
+        assert_eq!(std::mem::size_of::<StepParams>(), 32);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);
     }

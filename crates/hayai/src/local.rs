@@ -659,6 +659,23 @@ pub struct GpuVariantArgs {
     pub int8_activations: bool,
 }
 
+impl GpuVariantArgs {
+    /// `o` with these variants switched on (or PDL off).
+    pub fn apply(&self, o: hayai_cuda::CudaOptions) -> hayai_cuda::CudaOptions {
+        hayai_cuda::CudaOptions {
+            pdl: !self.no_pdl,
+            persistent_gemv: self.persistent_gemv,
+            fuse_ple: self.fuse_ple,
+            gemv_unroll8: self.gemv_unroll8,
+            attn_prefetch: self.attn_prefetch,
+            single_kernel: self.single_kernel,
+            attn_smem_tile: self.attn_tile,
+            int8_activations: self.int8_activations,
+            ..o
+        }
+    }
+}
+
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
     crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json, a.variant)
 }

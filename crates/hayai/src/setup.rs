@@ -117,17 +117,12 @@ pub fn bench_engine(
     };
     if use_cuda {
         let opts = hayai_cuda::BenchOptions {
-            quant: cuda_quant(args.quant),
             prompt_len,
             gen,
-            pdl: !variant.no_pdl,
-            persistent_gemv: variant.persistent_gemv,
-            fuse_ple: variant.fuse_ple,
-            gemv_unroll8: variant.gemv_unroll8,
-            attn_prefetch: variant.attn_prefetch,
-            single_kernel: variant.single_kernel,
-            attn_smem_tile: variant.attn_tile,
-            int8_activations: variant.int8_activations,
+            cuda: variant.apply(hayai_cuda::CudaOptions {
+                quant: cuda_quant(args.quant),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let r = hayai_cuda::bench_engine(model, &opts)?;
@@ -135,12 +130,14 @@ pub fn bench_engine(
             println!(
                 "{}",
                 json!({
-                    "model": name, "backend": "cuda", "gpu": r.gpu, "quant": r.quant.name(),
+                    "model": name, "backend": "cuda", "gpu": r.gpu, "quant": r.cuda.quant.name(),
                     "prompt_len": r.prompt_len, "gen": r.gen, "prefill_ms": r.prefill_ms,
                     "tok_s": r.tok_s, "runs_tok_s": r.runs_tok_s, "ms_per_token": r.ms_per_token,
                     "kernels_per_step": r.kernels_per_step,
-                    "pdl": r.pdl, "persistent_gemv": r.persistent_gemv, "fuse_ple": r.fuse_ple,
-                    "gemv_unroll8": r.gemv_unroll8, "attn_prefetch": r.attn_prefetch, "single_kernel": r.single_kernel, "attn_smem_tile": r.attn_smem_tile, "int8_activations": r.int8_activations,
+                    "pdl": r.pdl, "persistent_gemv": r.cuda.persistent_gemv, "fuse_ple": r.cuda.fuse_ple,
+                    "gemv_unroll8": r.cuda.gemv_unroll8, "attn_prefetch": r.cuda.attn_prefetch,
+                    "single_kernel": r.cuda.single_kernel, "attn_smem_tile": r.cuda.attn_smem_tile,
+                    "int8_activations": r.cuda.int8_activations,
                     "weight_bytes_per_token": r.weight_bytes_per_token,
                     "achieved_gb_s": r.achieved_gb_s, "measured_read_gb_s": r.measured_read_gb_s,
                     "pct_of_measured": r.pct_of_measured,
