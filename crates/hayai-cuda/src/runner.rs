@@ -1746,7 +1746,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<GemvPairParams>(), 312);
         assert_eq!(gemv_a8_smem(2560), 10240 + 2560 + 20 * 20);
         assert_eq!(std::mem::size_of::<AttnParams>(), 152);
-        assert_eq!(std::mem::size_of::<StepParams>(), 32);
+        assert_eq!(std::mem::size_of::<StepParams>(), 40);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);
     }
