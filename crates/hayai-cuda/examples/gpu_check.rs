@@ -275,17 +275,31 @@ fn main() {
                 }
             }
         }
-        // The attention L2 prefetch is a hint: the same results.
-        for q in [Quant::Bf16, Quant::Int4] {
+        // The L2 prefetches are hints: the same results.
+        for (q, ahead) in [
+            (Quant::Bf16, 0),
+            (Quant::Int4, 0),
+            (Quant::Int4, 1),
+            (Quant::Bf16, 2),
+        ] {
             let o = opts(q, false);
             let f = CudaOptions {
-                attn_prefetch: true,
+                attn_prefetch: ahead == 0,
+                l2_prefetch: ahead,
                 ..o.clone()
             };
             {
                 let (ok, line) = verdict(
                     same_results(&m, &o, &f, &p, 100),
-                    format!("attention prefetch on == off ({}): bit-identical", q.name()),
+                    format!(
+                        "{} on == off ({}): bit-identical",
+                        if ahead == 0 {
+                            "attention prefetch".to_string()
+                        } else {
+                            format!("l2 prefetch {ahead}")
+                        },
+                        q.name()
+                    ),
                 );
                 check("small-gemma4", ok, line);
             }
@@ -428,6 +442,20 @@ fn main() {
             int8_activations: true,
             ..opts(Quant::Int4, false)
         });
+    }
+    if want("bench-pf") {
+        for (quant, ahead, a8) in [
+            (Quant::Int4, 1, false),
+            (Quant::Int4, 2, false),
+            (Quant::Int4, 1, true),
+            (Quant::Bf16, 1, false),
+        ] {
+            runs.push(CudaOptions {
+                l2_prefetch: ahead,
+                int8_activations: a8,
+                ..opts(quant, false)
+            });
+        }
     }
     if want("bench-single") {
         for quant in [Quant::Int4, Quant::Bf16] {

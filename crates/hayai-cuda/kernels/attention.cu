@@ -29,6 +29,7 @@ struct AttnParams {
     float eps;
     int prefetch;          // before the wait: pull this block's first K/V tile into L2
     int qkv_splits, qkv_ld;  // qkv is the sum of this many partial vectors, qkv_ld apart
+    L2Prefetch pf;           // a later kernel's weights to pull into L2 (see common.cuh)
 };
 
 #define ATTN_THREADS 128
@@ -120,7 +121,7 @@ __device__ void attn_tile_copy(const AttnParams& p, int s, int h, float* kt, flo
 template <class G, int KU = 4, int VU = 8>
 __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                           unsigned long long* stamps = nullptr, const float* kt = nullptr,
-                          const float* vt = nullptr) {
+                          const float* vt = nullptr, const float* cw = nullptr) {
     float* const sc = sm.sc;
     int* const slot_s = sm.slot_s;
     float* const qs = sm.qs;
@@ -143,15 +144,19 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
     const bool fresh = p.qkv && p.own_kv && k1 == n_keys && k0 < k1;
     const float* qsrc = p.q + (size_t)h * p.hd;
     if (p.qkv) {
-        norm_rope_head(p.qkv + (size_t)h * p.hd, p.qkv_splits, p.qkv_ld, qs, p.q_norm, p.inv_freq, p.hd, pos,
-                       true, p.eps, red, gr);
+        // Norm weights and RoPE frequencies from `cw` when the caller staged them there
+        // (attn_stage_constants), else from global memory.
+        const float* qw = cw ? cw : p.q_norm;
+        const float* kw = cw ? (p.k_norm ? cw + 512 : nullptr) : p.k_norm;
+        const float* fq = cw ? cw + 1024 : p.inv_freq;
+        const HeadJob qj = {p.qkv + (size_t)h * p.hd, qs, qw, fq, true};
         qsrc = qs;
         if (fresh) {
             const float* kv0 = p.qkv + (size_t)p.nh * p.hd;
-            norm_rope_head(kv0 + (size_t)g * p.hd, p.qkv_splits, p.qkv_ld, ks, p.k_norm, p.inv_freq,
-                           p.hd, pos, true, p.eps, red, gr);
-            norm_rope_head(kv0 + (size_t)(p.nkv + g) * p.hd, p.qkv_splits, p.qkv_ld, vs, nullptr,
-                           nullptr, p.hd, pos, p.v_norm != 0, p.eps, red, gr);
+            const HeadJob jobs[3] = {qj,
+                                     {kv0 + (size_t)g * p.hd, ks, kw, fq, true},
+                                     {kv0 + (size_t)(p.nkv + g) * p.hd, vs, nullptr, nullptr, p.v_norm != 0}};
+            norm_rope_heads<3>(jobs, p.qkv_splits, p.qkv_ld, p.hd, pos, p.eps, red, gr);
             // One block per KV head stores the new entry; the others use their own copy.
             if (h % (p.nh / p.nkv) == 0) {
                 const size_t base = (size_t)(pos % p.cap) * p.hd;
@@ -160,6 +165,9 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                     ((float*)V)[base + i] = vs[i];
                 }
             }
+        } else {
+            const HeadJob jobs[1] = {qj};
+            norm_rope_heads<1>(jobs, p.qkv_splits, p.qkv_ld, p.hd, pos, p.eps, red, gr);
         }
     }
     stamp_at(stamps, 6);
@@ -281,12 +289,53 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
 }
 
 
+// Norm weights (q at 0, k at 512) and RoPE frequencies (at 1024) for attn_item's `cw`: loaded
+// before the wait for the previous kernel (they are constant), stored after it. attn_item reads
+// them only after two barriers of its own.
+struct AttnConstants {
+    float q[4], k[4], f[2];
+    __device__ __forceinline__ void load(const AttnParams& p) {
+        const int t = threadIdx.x;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = t + ATTN_THREADS * i;
+            if (c < p.hd) {
+                q[i] = p.q_norm[c];
+                k[i] = p.k_norm ? p.k_norm[c] : 0.f;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            if (t + ATTN_THREADS * i < (p.hd >> 1)) f[i] = p.inv_freq[t + ATTN_THREADS * i];
+    }
+    __device__ __forceinline__ void store(const AttnParams& p, float* cw) const {
+        const int t = threadIdx.x;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = t + ATTN_THREADS * i;
+            if (c < p.hd) {
+                cw[c] = q[i];
+                cw[512 + c] = k[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            if (t + ATTN_THREADS * i < (p.hd >> 1)) cw[1024 + t + ATTN_THREADS * i] = f[i];
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnParams p) {
     __shared__ AttnSmem sm;
+    __shared__ float cw[1280];
+    AttnConstants c;
+    if (p.qkv) c.load(p);
     if (p.prefetch) attn_prefetch_tile(p, blockIdx.x, blockIdx.y, threadIdx.x, ATTN_THREADS);
+    l2_prefetch(p.pf, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
     pdl_wait();
     pdl_launch_dependents();
-    attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{});
+    if (p.qkv) c.store(p, cw);
+    attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr, nullptr, nullptr,
+              p.qkv ? cw : nullptr);
 }
 
 // attn_split with the split's K/V tile copied into shared memory (dynamic, 2 x ATTN_TILE x hd
@@ -297,12 +346,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tile(const
     extern __shared__ __align__(16) float attn_tile[];
     float* kt = attn_tile;
     float* vt = attn_tile + ATTN_TILE * p.hd;
+    __shared__ float cw[1280];
+    AttnConstants c;
+    if (p.qkv) c.load(p);
     attn_tile_copy(p, blockIdx.x, blockIdx.y, kt, vt, threadIdx.x, ATTN_THREADS, false);
+    l2_prefetch(p.pf, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
     pdl_wait();
     pdl_launch_dependents();
+    if (p.qkv) c.store(p, cw);
     // The row at pos when this block does not compute it (KV-shared layers read the donor's).
     if (!(p.qkv && p.own_kv)) attn_tile_copy(p, blockIdx.x, blockIdx.y, kt, vt, threadIdx.x, ATTN_THREADS, true);
-    attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr, kt, vt);
+    attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr, kt, vt, p.qkv ? cw : nullptr);
 }
 
 // Merge the splits of head h (128 threads). Split weights are computed once into shared

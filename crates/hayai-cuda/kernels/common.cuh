@@ -66,6 +66,28 @@ __device__ __forceinline__ void stamp_at(unsigned long long* stamps, int i) {
     if (stamps && blockIdx.x == 0 && threadIdx.x == 0) stamps[i] = global_ns();
 }
 
+// Weights of a later kernel of the step, pulled into L2 while this kernel runs (pointer null:
+// nothing). The host fills it from the launch plan (`CudaOptions::l2_prefetch`): at batch 1 the
+// step is a chain of short dependent kernels, and DRAM sits idle between one kernel's weight
+// loads and the next's unless someone asks for those bytes early. Weights never change during a
+// step, so this may run before pdl_wait.
+struct L2Prefetch {
+    const char* p[2];
+    long long bytes[2];
+};
+
+// This block's share (of `nblocks`) of both ranges, one prefetch per 128-byte line.
+__device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf, int block, int nblocks) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (!pf.p[r]) continue;
+        const long long lines = (pf.bytes[r] + 127) >> 7;
+        const long long l1 = lines * (block + 1) / nblocks;
+        for (long long i = lines * block / nblocks + threadIdx.x; i < l1; i += blockDim.x)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p[r] + (i << 7)));
+    }
+}
+
 // Streaming 16-byte load of weights that are read once per step.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __ldcs(p); }
 

@@ -24,6 +24,7 @@ struct GemvParams {
     float res_scalar, eps, gather_scale;
     int int4;
     int in_glu;              // `in` holds interleaved (gate, up) partials: x = gelu(gate) * up
+    L2Prefetch pf;           // a later kernel's weights to pull into L2 (see common.cuh)
 };
 
 // int8 activations for int4 weights (`gemv_a8`): x quantized per 128-column group, scale
@@ -34,13 +35,13 @@ struct GemvParams {
 // [lane l][word u][A, B] (A pairs with the low nibbles of weight word u, B with the high ones),
 // then per group and lane the sum of its 32 quantized values (for the +8 nibble offset), then
 // per group t.
-__device__ void gemv_act8_quantize(const float* xs, int cols) {
+// Groups [g0, g1) only: the ones this block multiplies.
+__device__ void gemv_act8_quantize(const float* xs, int cols, int g0, int g1) {
     uint8_t* x8 = (uint8_t*)(xs + cols);
     int* xsum = (int*)(x8 + cols);
     float* tq = (float*)(xsum + (cols >> 7) * 4);
-    const int groups = cols >> 7;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int g = warp; g < groups; g += blockDim.x >> 5) {
+    for (int g = g0 + warp; g < g1; g += blockDim.x >> 5) {
         // Lane owns columns 4 lane .. 4 lane + 3 of the group.
         const float4 v = ((const float4*)(xs + g * 128))[lane];
         const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
@@ -90,16 +91,30 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // STEP: the single-kernel decode step's variant (kernels/step.cu), which also reads GeGLU
 // partials (`in_glu`) and requests split partials four at a time; the launch-per-operation
 // kernels keep the plain loop (fewer registers: their occupancy depends on it).
+// [j0, j1): the float4s of x this block multiplies (its K split). Without a norm or residual
+// (which need the whole vector) or a residual to store, only those are built: a K split of `down` needs 1/7 of its
+// 40 KB input, not all of it.
+// `cst` (launch-per-operation GEMVs; null elsewhere): 3 x cols shared floats where
+// gemv_constants_async has begun copying the norm weights before the wait; the residual input is
+// then read in the same pass as the input partials, so the prologue waits on one memory round
+// trip instead of three.
 template <bool STEP = false>
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store,
-                              unsigned long long* stamps = nullptr) {
+                              unsigned long long* stamps = nullptr, int j0 = 0, int j1 = -1,
+                              float* cst = nullptr) {
     const int n4 = p.cols >> 2;
+    const bool early_res = cst && p.res_in;
+    const bool whole = j1 < 0 || p.res_in || p.norm_w || p.res_out;
+    if (whole) {
+        j0 = 0;
+        j1 = n4;
+    }
     // One block writes the new residual (for the persistent decode step: block 0 of its grid).
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
     float4* x4 = (float4*)xs;
     float ss_res = 0.f;
 #pragma unroll 4
-    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         float4 v;
         if (p.gather_tok) {
             const uint2 b = *(const uint2*)(p.gather_table + (size_t)(*p.gather_tok) * p.cols + 4 * j);
@@ -158,10 +173,18 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
                             gelu_tanh(v.w) * m.w);
         }
         x4[j] = v;
+        if (early_res) ((float4*)cst)[j] = ((const float4*)p.res_in)[j];
         ss_res += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     if (STEP) stamp_at(stamps, 1);
+    if (cst) cp_async_wait<0>();  // the norm weights (block_sum's barrier publishes them)
     const int n = p.cols;
+    const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
+    const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);
+    const float4* norm_w = (const float4*)(cst ? cst + 2 * n : p.norm_w);
+    // Sum of squares of x for the input norm, accumulated per thread over the same j as a
+    // separate pass would (same value, one pass less).
+    float ss = ss_res;
     if (p.res_in) {
         float scale = 1.f;
         if (p.res_w) {
@@ -169,45 +192,57 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             scale = rsqrtf(t / (float)n + p.eps);
         }
         __syncthreads();
+        ss = 0.f;
 #pragma unroll 4
         for (int j = threadIdx.x; j < n4; j += blockDim.x) {
             float4 b = x4[j];
-            const float4 r = ((const float4*)p.res_in)[j];
+            const float4 r = res_src[j];
             if (p.res_w) {
-                const float4 w = ((const float4*)p.res_w)[j];
+                const float4 w = res_w[j];
                 b = make_float4(b.x * scale * w.x, b.y * scale * w.y, b.z * scale * w.z, b.w * scale * w.w);
             }
             const float c = p.res_scalar;
             const float4 h = make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
             x4[j] = h;
+            ss += h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
             if (first && p.res_out) ((float4*)p.res_out)[j] = h;
         }
     }
     if (STEP) stamp_at(stamps, 2);
     if (p.norm_w) {
-        float ss = 0.f;
-        __syncthreads();
-        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
-            const float4 v = x4[j];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
         float t = block_sum(ss, red);
         float scale = rsqrtf(t / (float)n + p.eps);
 #pragma unroll 4
         for (int j = threadIdx.x; j < n4; j += blockDim.x) {
             float4 v = x4[j];
-            const float4 w = ((const float4*)p.norm_w)[j];
+            const float4 w = norm_w[j];
             x4[j] = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
         }
     }
     if (scaled_store) {
         __syncthreads();
-        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
             float4 v = x4[j];
             x4[j] = make_float4(v.x, v.y * (1.f / 16.f), v.z * (1.f / 256.f), v.w * (1.f / 4096.f));
         }
     }
     __syncthreads();
+}
+
+// Starts copying the prologue's norm weights into `cst` (see gemv_prologue); they are constant,
+// so this runs before the wait for the previous kernel.
+__device__ void gemv_constants_async(const GemvParams& p, float* cst) {
+    for (int j = threadIdx.x; j < (p.cols >> 2); j += blockDim.x) {
+        if (p.res_w) cp_async16(cst + p.cols + 4 * j, p.res_w + 4 * j);
+        if (p.norm_w) cp_async16(cst + 2 * p.cols + 4 * j, p.norm_w + 4 * j);
+    }
+    cp_async_commit();
+}
+
+// Shared floats before the prologue's constants: x, and for gemv_a8 its int8 copy, sums and
+// scales (16-byte aligned). The host sizes the dynamic shared memory the same way.
+__device__ __forceinline__ int gemv_cst_offset(int cols, bool a8) {
+    return a8 ? ((cols + cols / 4 + (cols >> 7) * 5 + 3) & ~3) : cols;
 }
 
 // int4 layout: row r, group g (128 columns) occupies 64 bytes at r*cols/2 + g*64; lane l (0..3)
@@ -348,14 +383,19 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     uint4 wv[U];
     uint32_t sc[U];
     if (valid) gemv_load_batch<U>(p, wrow, srow, u0, u1, wv, sc);
+    l2_prefetch(p.pf, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
+    float* cst = (p.res_in || p.norm_w) ? xs + gemv_cst_offset(p.cols, A8) : nullptr;
+    if (cst) gemv_constants_async(p, cst);
 
     pdl_wait();
     pdl_launch_dependents();
+    // The float4s of x this split multiplies.
+    const int j0 = p.int4 ? u0 * 32 : u0 * 8, j1 = p.int4 ? u1 * 32 : u1 * 8;
     if (A8) {
-        gemv_prologue(p, xs, red, false);
-        gemv_act8_quantize(xs, p.cols);
+        gemv_prologue(p, xs, red, false, nullptr, j0, j1, cst);
+        gemv_act8_quantize(xs, p.cols, u0, u1);
     } else {
-        gemv_prologue(p, xs, red, p.int4 != 0);
+        gemv_prologue(p, xs, red, p.int4 != 0, nullptr, j0, j1, cst);
     }
 
     float acc = 0.f;

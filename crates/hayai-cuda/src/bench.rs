@@ -71,7 +71,7 @@ impl BenchReport {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         s += &format!(
-            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  attention tile: {}  prompt: {}  gen: {}\n",
+            "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  attention tile: {}  l2 prefetch: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.cuda.quant.name(),
             match (
@@ -90,6 +90,7 @@ impl BenchReport {
             if self.cuda.fuse_ple { "on" } else { "off" },
             if self.cuda.attn_prefetch { "on" } else { "off" },
             if self.cuda.attn_smem_tile { "shared" } else { "global" },
+            self.cuda.l2_prefetch,
             self.prompt_len,
             self.gen
         );

@@ -85,6 +85,11 @@ pub struct CudaOptions {
     /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
     /// so its sums are ordered differently (same tolerance to the CPU reference).
     pub single_kernel: bool,
+    /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
+    /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so
+    /// DRAM streams the next matrix while the dependent chain of the current kernel runs. A
+    /// hint: results unchanged.
+    pub l2_prefetch: usize,
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
@@ -110,6 +115,7 @@ impl Default for CudaOptions {
             attn_smem_tile: false,
             int8_activations: false,
             single_kernel: false,
+            l2_prefetch: 0,
             batched_prefill: true,
             precise_prefill: false,
         }
@@ -187,6 +193,16 @@ struct GemvParams {
     gather_scale: f32,
     int4: i32,
     in_glu: i32,
+    pf: L2Prefetch,
+}
+
+/// Weights to pull into L2 (kernels/common.cuh `L2Prefetch`), the last field of the GEMV and
+/// attention parameter blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct L2Prefetch {
+    p: [u64; 2],
+    bytes: [i64; 2],
 }
 
 #[repr(C)]
@@ -218,6 +234,7 @@ struct AttnParams {
     prefetch: i32,
     qkv_splits: i32,
     qkv_ld: i32,
+    pf: L2Prefetch,
 }
 
 #[repr(C)]
@@ -299,6 +316,11 @@ pub(crate) struct Launch {
     params: Vec<u64>,
     /// The kernel may be launched with programmatic stream serialization.
     pdl: bool,
+    /// The weights this launch streams (pointer, bytes; up to two ranges), for the L2 prefetch
+    /// of the launch before it.
+    reads: [(u64, usize); 2],
+    /// Byte offset of an `L2Prefetch` in the parameter block, where the kernel takes one.
+    prefetch_at: Option<usize>,
 }
 
 impl Launch {
@@ -330,6 +352,22 @@ impl Launch {
             smem,
             params,
             pdl: crate::device::KERNELS.contains(&(kernel, true)),
+            reads: [(0, 0); 2],
+            prefetch_at: None,
+        }
+    }
+
+    fn set_prefetch(&mut self, pf: L2Prefetch) {
+        if let Some(at) = self.prefetch_at {
+            // SAFETY: `at` is the offset of an L2Prefetch inside the parameter struct this block
+            // was copied from, so the write stays inside `params` and matches the kernel.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    &pf as *const L2Prefetch as *const u8,
+                    (self.params.as_mut_ptr() as *mut u8).add(at),
+                    std::mem::size_of::<L2Prefetch>(),
+                );
+            }
         }
     }
 
@@ -376,6 +414,33 @@ impl Launch {
             )
         }
         .map_err(drv)
+    }
+}
+
+/// Largest matrix the L2 prefetch asks for (the H200's L2 is 50 MB, the A10G's 6 MB; a larger
+/// request only evicts what the current kernel still needs).
+const L2_PREFETCH_MAX: usize = 32 << 20;
+
+/// Points every launch that takes an `L2Prefetch` at the weights of the `ahead`-th launch after
+/// it that reads weights (within the step; none for `ahead` 0).
+fn link_prefetches(plan: &mut [Launch], ahead: usize) {
+    if ahead == 0 {
+        return;
+    }
+    let weighted: Vec<usize> = (0..plan.len())
+        .filter(|&j| plan[j].reads[0].1 > 0)
+        .collect();
+    for i in 0..plan.len() {
+        let k = weighted.partition_point(|&j| j <= i) + ahead - 1;
+        let Some(&j) = weighted.get(k) else { continue };
+        let r = plan[j].reads;
+        if r[0].1 + r[1].1 > L2_PREFETCH_MAX {
+            continue;
+        }
+        plan[i].set_prefetch(L2Prefetch {
+            p: [r[0].0, r[1].0],
+            bytes: [r[0].1 as i64, r[1].1 as i64],
+        });
     }
 }
 
@@ -572,6 +637,8 @@ pub struct CudaRunner {
     attn_prefetch: bool,
     /// int4 GEMVs as `gemv_a8` (int8 activations).
     int8_act: bool,
+    /// See [`CudaOptions::l2_prefetch`].
+    l2_prefetch: usize,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
     attn_tile_dims: Vec<usize>,
     /// The single-kernel step's launch shape, when it is in use.
@@ -623,6 +690,18 @@ impl Act {
 /// group four lane sums and a scale.
 fn gemv_a8_smem(cols: usize) -> usize {
     cols * 4 + cols + (cols / 128) * 20
+}
+
+/// Dynamic shared memory of the tiled GEMVs (kernels/gemv.cu `gemv_cst_offset`): x (for
+/// `gemv_a8` also its int8 copy, 16-byte aligned), then with `norms` (a residual or input norm
+/// in the prologue) three more vectors: the residual input and both norm weights.
+fn gemv_smem(cols: usize, a8: bool, norms: bool) -> usize {
+    let base = if a8 {
+        gemv_a8_smem(cols).next_multiple_of(16)
+    } else {
+        cols * 4
+    };
+    base + if norms { 3 * cols * 4 } else { 0 }
 }
 
 /// Dynamic shared memory of `attn_split_tile` for head dim `hd`: K and V rows of one 32-key tile.
@@ -829,7 +908,8 @@ impl CudaRunner {
             .chain(ple_model.as_ref().map(|m| m.cols))
             .max()
             .unwrap_or(0);
-        let smem = max_cols * 4;
+        // Norms (and so the prologue's constants) only ever sit on hidden-width inputs.
+        let smem = (max_cols * 4).max(gemv_smem(h, false, true));
         if smem > 48 * 1024 - 256 {
             if smem + 256 > gpu.max_smem_optin()? {
                 return Err(CudaError::Unsupported(format!(
@@ -842,7 +922,7 @@ impl CudaRunner {
             gpu.set_max_dynamic_smem("gemv_u8", smem)?;
         }
         if opts.int8_activations {
-            let a8 = gemv_a8_smem(max_cols);
+            let a8 = gemv_smem(max_cols, true, false).max(gemv_smem(h, true, true));
             if a8 > gpu.max_smem_optin()? {
                 return Err(CudaError::Unsupported(format!(
                     "GEMV width {max_cols} with int8 activations needs more shared memory than the GPU has"
@@ -880,6 +960,7 @@ impl CudaRunner {
             attn_prefetch: opts.attn_prefetch,
             attn_tile_dims: Vec::new(),
             int8_act: opts.int8_activations,
+            l2_prefetch: opts.l2_prefetch,
             step_kernel: None,
             step_profile: None,
             step_bufs: Vec::new(),
@@ -907,6 +988,7 @@ impl CudaRunner {
             r.attn_tile_dims = dims;
         }
         r.plan = r.build_plan(sm)?;
+        link_prefetches(&mut r.plan, r.l2_prefetch);
         if r.step_kernel.is_some() {
             r.plan = vec![r.step_launch()?];
         }
@@ -1113,27 +1195,25 @@ impl CudaRunner {
                 smem as u32,
                 &p,
             )
-        } else if self.int8_act && m.int4 {
-            Launch::new(
-                &self.gpu,
-                label,
-                "gemv_a8",
-                grid,
-                256,
-                gemv_a8_smem(m.cols) as u32,
-                &p,
-            )
         } else {
+            let a8 = self.int8_act && m.int4;
+            let norms = p.res_in != 0 || p.norm_w != 0;
             Launch::new(
                 &self.gpu,
                 label,
-                self.tiled_gemv,
+                if a8 { "gemv_a8" } else { self.tiled_gemv },
                 grid,
                 256,
-                smem as u32,
+                gemv_smem(m.cols, a8, norms) as u32,
                 &p,
             )
         };
+        let mut l = l;
+        let wb = if m.int4 { m.rows * m.cols / 2 } else { m.bytes };
+        l.reads = [(m.w, wb), (m.scales, m.bytes - wb)];
+        if !self.persistent {
+            l.prefetch_at = Some(std::mem::offset_of!(GemvParams, pf));
+        }
         // Split launches leave the finished vector in `fin`, unsplit ones in `out`.
         let ptr = if splits > 1 { fin } else { out };
         let rows = if p.glu != 0 { m.rows / 2 } else { m.rows };
@@ -1318,9 +1398,10 @@ impl CudaRunner {
                 v_norm: spec.v_norm as i32,
                 eps: spec.rms_eps,
                 prefetch: self.attn_prefetch as i32,
+                pf: L2Prefetch::default(),
             };
             let tile = self.attn_tile_dims.contains(&ls.head_dim) && self.step_kernel.is_none();
-            plan.push(Launch::new(
+            let mut l = Launch::new(
                 &self.gpu,
                 "attention",
                 if tile {
@@ -1336,7 +1417,9 @@ impl CudaRunner {
                     0
                 },
                 &ap,
-            ));
+            );
+            l.prefetch_at = Some(std::mem::offset_of!(AttnParams, pf));
+            plan.push(l);
 
             let so = self.mat_splits(&dl.o, sm);
             let p = GemvParams {
@@ -1742,10 +1825,14 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels() {
-        assert_eq!(std::mem::size_of::<GemvParams>(), 152);
-        assert_eq!(std::mem::size_of::<GemvPairParams>(), 312);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 184);
+        assert_eq!(std::mem::size_of::<GemvPairParams>(), 376);
         assert_eq!(gemv_a8_smem(2560), 10240 + 2560 + 20 * 20);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 152);
+        // 128 columns: 660 bytes of x and int8 x, padded to 672 before the constants.
+        assert_eq!(gemv_smem(128, true, true), 672 + 3 * 512);
+        assert_eq!(gemv_smem(2560, false, true), 4 * 10240);
+        assert_eq!(gemv_smem(10240, false, false), 40960);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 184);
         assert_eq!(std::mem::size_of::<StepParams>(), 40);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);

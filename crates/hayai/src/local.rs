@@ -657,6 +657,9 @@ pub struct GpuVariantArgs {
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
+    /// Every decode kernel pulls the weights of the N-th GEMV after it into L2 (0: off).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub l2_prefetch: usize,
 }
 
 impl GpuVariantArgs {
@@ -671,6 +674,7 @@ impl GpuVariantArgs {
             single_kernel: self.single_kernel,
             attn_smem_tile: self.attn_tile,
             int8_activations: self.int8_activations,
+            l2_prefetch: self.l2_prefetch,
             ..o
         }
     }
