@@ -17,7 +17,9 @@ cd "$root"
 prepare() {
   set -e
   scripts/setup-cuda.sh
-  cargo build --release -p hayai -p hayai-cuda --example gpu_check
+  # Two builds: `--example` with several packages builds only their examples, not the binary.
+  cargo build --release -p hayai
+  cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu

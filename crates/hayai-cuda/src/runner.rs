@@ -738,12 +738,24 @@ fn step_splits(rows: usize, units: usize, warps: usize) -> usize {
     best.1
 }
 
+/// Warps per SM the split-K choice aims at: 32 for int4, 16 for bf16 (H200, E4B shapes:
+/// int4 316.7 / 330.3 / 334.2 tok/s at 16 / 24 / 32, bf16 230.1 / 229.9 / 222.9; an int4 row
+/// carries a quarter of the bytes, so it takes more warps to keep as many in flight).
+/// HAYAI_GEMV_WARPS_PER_SM overrides both, for measurements.
+fn gemv_warps_per_sm(int4: bool) -> usize {
+    std::env::var("HAYAI_GEMV_WARPS_PER_SM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&w: &usize| (1..=64).contains(&w))
+        .unwrap_or(if int4 { 32 } else { 16 })
+}
+
 /// Split-K factor: enough warps to fill the GPU, never under 4 units (16-byte loads per lane)
 /// per split. Every block recomputes the GEMV prologue, so more blocks than the GPU holds at
 /// once cost more than they gain (measured: forcing one load batch per lane ran slower).
-fn splits_for(rows: usize, units: usize, sm_count: usize) -> usize {
+fn splits_for(rows: usize, units: usize, sm_count: usize, warps_per_sm: usize) -> usize {
     let warps = rows.div_ceil(8).max(1);
-    let want = (sm_count * 16).div_ceil(warps);
+    let want = (sm_count * warps_per_sm).div_ceil(warps);
     want.clamp(1, MAX_SPLITS).min((units / 4).max(1))
 }
 
@@ -1234,7 +1246,7 @@ impl CudaRunner {
                 .clamp(1, MAX_SPLITS)
                 .min((units / 4).max(1));
         }
-        splits_for(m.rows, units, sm)
+        splits_for(m.rows, units, sm, gemv_warps_per_sm(m.int4))
     }
 
     /// Resident 256-thread blocks of `kernel` per SM with `smem` bytes of dynamic shared memory.
@@ -1885,11 +1897,13 @@ mod tests {
     #[test]
     fn splits_fill_the_gpu_without_tiny_slices() {
         // E4B down projection, int4: 2560 rows, 80 groups.
-        let s = splits_for(2560, 80, 132);
-        assert!((4..=16).contains(&s));
-        // lm_head-like: plenty of rows, no split.
-        assert_eq!(splits_for(262_144, 20, 132), 1);
-        // Narrow input: never below 4 groups per slice.
-        assert_eq!(splits_for(2560, 2, 132), 1);
+        for w in [16, 32] {
+            let s = splits_for(2560, 80, 132, w);
+            assert!((4..=16).contains(&s));
+            // lm_head-like: plenty of rows, no split.
+            assert_eq!(splits_for(262_144, 20, 132, w), 1);
+            // Narrow input: never below 4 groups per slice.
+            assert_eq!(splits_for(2560, 2, 132, w), 1);
+        }
     }
 }
