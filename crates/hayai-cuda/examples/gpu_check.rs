@@ -47,17 +47,15 @@ fn small_models(len: usize) -> Vec<(&'static str, hayai_model::Model, Vec<u32>)>
 }
 
 /// (passed, line) of a parity run: logits within `tol` (rel L2) of the CPU reference and every
-/// greedy token identical.
+/// greedy token identical, or with int8 activations within what rounding flips do by themselves
+/// (`ParityReport::agrees`).
 fn parity_verdict(
     r: Result<hayai_cuda::check::ParityReport, hayai_cuda::CudaError>,
     tol: f64,
     label: String,
 ) -> (bool, String) {
     match r {
-        Ok(r) => (
-            r.rel_l2 < tol && r.greedy_identical(),
-            format!("{label}{}", r.line()),
-        ),
+        Ok(r) => (r.agrees(tol), format!("{label}{}", r.line())),
         Err(e) => (false, e.to_string()),
     }
 }

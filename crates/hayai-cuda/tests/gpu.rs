@@ -29,7 +29,9 @@ fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
     }
 }
 
-/// GPU vs CPU reference on `m`: logits within `max_rel_l2`, greedy tokens identical.
+/// GPU vs CPU reference on `m`: logits within `max_rel_l2` and greedy tokens identical (with
+/// int8 activations, or within what one-ulp input nudges do through that rounding on the CPU:
+/// `ParityReport::agrees`).
 fn assert_parity(
     m: &hayai_model::Model,
     o: &CudaOptions,
@@ -39,8 +41,7 @@ fn assert_parity(
 ) {
     let r = parity(m, o, &prompt(prompt_len, m.spec.vocab), steps).unwrap();
     eprintln!("{}", r.line());
-    assert!(r.rel_l2 < max_rel_l2, "{}", r.line());
-    assert!(r.greedy_identical(), "{}", r.line());
+    assert!(r.agrees(max_rel_l2), "{}", r.line());
 }
 
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {

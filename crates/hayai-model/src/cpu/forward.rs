@@ -51,13 +51,17 @@ pub enum MatmulInputs {
     /// max |x| / 127, round to nearest): what an integer (DP4A) GEMV would multiply. For
     /// measuring what such a kernel would cost in quality; no GPU kernel uses it yet.
     Int8 { group: usize },
+    /// As `Int8`, with every input first moved one unit in the last place, up or down by a hash
+    /// of its index: how far last-bit differences before the rounding (a GPU's summation order)
+    /// move the model through int8 rounding flips. For checks only.
+    Int8Nudged { group: usize },
 }
 
 impl MatmulInputs {
     fn apply(self, v: f32) -> f32 {
         let hi = bf16::from_f32(v).to_f32();
         match self {
-            MatmulInputs::F32 | MatmulInputs::Int8 { .. } => v,
+            MatmulInputs::F32 | MatmulInputs::Int8 { .. } | MatmulInputs::Int8Nudged { .. } => v,
             MatmulInputs::Bf16 => hi,
             MatmulInputs::Bf16Pair => hi + bf16::from_f32(v - hi).to_f32(),
         }
@@ -77,6 +81,20 @@ fn int8_group(g: &mut [f32]) {
     }
 }
 
+/// `v` moved one unit in the last place, away from or towards zero by a hash of `i` (zero and
+/// non-finite values unchanged).
+fn nudge(v: f32, i: usize) -> f32 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63;
+    f32::from_bits(if h == 1 {
+        v.to_bits() + 1
+    } else {
+        v.to_bits() - 1
+    })
+}
+
 /// `xs` (rows of `cols` values) rounded as `inputs` says (borrowed unchanged for f32), for one
 /// or more products.
 fn rounded(xs: &[f32], cols: usize, inputs: MatmulInputs) -> Cow<'_, [f32]> {
@@ -88,6 +106,10 @@ fn rounded(xs: &[f32], cols: usize, inputs: MatmulInputs) -> Cow<'_, [f32]> {
                 row.chunks_mut(group.max(1)).for_each(int8_group);
             });
             Cow::Owned(out)
+        }
+        MatmulInputs::Int8Nudged { group } => {
+            let nudged: Vec<f32> = xs.iter().enumerate().map(|(i, &v)| nudge(v, i)).collect();
+            Cow::Owned(rounded(&nudged, cols, MatmulInputs::Int8 { group }).into_owned())
         }
         _ => Cow::Owned(xs.par_iter().map(|&v| inputs.apply(v)).collect()),
     }
@@ -405,5 +427,38 @@ mod tests {
             rounded(&xs, 6, MatmulInputs::F32),
             Cow::Borrowed(_)
         ));
+    }
+
+    #[test]
+    fn nudged_int8_moves_inputs_one_ulp_before_rounding() {
+        let xs: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.37).collect();
+        let mut up = 0;
+        for (i, &v) in xs.iter().enumerate() {
+            let n = nudge(v, i);
+            if v == 0.0 {
+                assert_eq!(n, 0.0);
+                continue;
+            }
+            let d = n.to_bits() as i64 - v.to_bits() as i64;
+            assert_eq!(d.abs(), 1, "{i}: {v} -> {n}");
+            up += (n.abs() > v.abs()) as usize;
+        }
+        assert!(up > 10 && up < 53, "both directions occur: {up} of 63 up");
+        // Exactly at a rounding boundary (x * 127 / max = 0.5), the nudge decides the rounding:
+        // index 0 moves down, so 0.5 rounds to 0 instead of 1; elsewhere the two agree (to the
+        // ulp by which the group's scale moves too).
+        assert!(nudge(0.5, 0) < 0.5);
+        let xs = [0.5f32, 127.0, 3.0, 4.0];
+        let a = rounded(&xs, 4, MatmulInputs::Int8 { group: 4 });
+        let b = rounded(&xs, 4, MatmulInputs::Int8Nudged { group: 4 });
+        assert_eq!((a[0], b[0]), (1.0, 0.0));
+        for i in 1..4 {
+            assert!(
+                (a[i] - b[i]).abs() <= 1e-6 * a[i].abs(),
+                "{i}: {} vs {}",
+                a[i],
+                b[i]
+            );
+        }
     }
 }
