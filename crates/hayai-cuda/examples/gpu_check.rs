@@ -188,6 +188,44 @@ fn main() {
             check("e4b", ok, line);
         }
     }
+    if want("tc") {
+        // int4 GEMVs on tensor cores against the CPU reference that rounds its matrix inputs
+        // the same way (MatmulInputs::Bf16Pair).
+        let tc = |persistent: bool| CudaOptions {
+            tensor_core_gemv: true,
+            ..opts(Quant::Int4, persistent)
+        };
+        for (name, m, p) in small_models(32) {
+            let (ok, line) = parity_verdict(
+                parity(&m, &tc(false), &p, 300),
+                1e-4,
+                "tensor cores ".to_string(),
+            );
+            check(name, ok, line);
+            let (ok, line) = verdict(
+                same_results(
+                    &m,
+                    &tc(false),
+                    &CudaOptions {
+                        use_graph: false,
+                        ..tc(false)
+                    },
+                    &p[..8],
+                    0,
+                ),
+                "tensor cores: graph replay == eager launches".to_string(),
+            );
+            check(name, ok, line);
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        let (ok, line) = parity_verdict(
+            parity(&m, &tc(false), &p, 8),
+            1e-3,
+            "tensor cores ".to_string(),
+        );
+        check("e4b", ok, line);
+    }
     if want("e4b-parity") {
         let t = Instant::now();
         let m = random_model_bf16(&e4b_spec(), 7);
@@ -454,6 +492,12 @@ fn main() {
                 ..opts(quant, false)
             });
         }
+    }
+    if want("bench-tc") {
+        runs.push(CudaOptions {
+            tensor_core_gemv: true,
+            ..opts(Quant::Int4, false)
+        });
     }
     if want("bench-single") {
         for quant in [Quant::Int4, Quant::Bf16] {

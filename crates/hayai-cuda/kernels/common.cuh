@@ -12,6 +12,11 @@ __device__ __forceinline__ float bf16_to_f32(uint16_t b) {
     return __uint_as_float(((uint32_t)b) << 16);
 }
 
+// Round to nearest even.
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(HAYAI_FULL_MASK, v, o);
@@ -41,6 +46,17 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2/pi)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// D += A B on tensor cores, m16n8k16, bf16 inputs, f32 accumulators (sm_80+). Fragments as the
+// PTX ISA lays them out: lane = 4 g + c holds A rows g, g + 8 and k pairs 2c, 2c + 8; B k pairs
+// 2c, 2c + 8 of column g; D rows g, g + 8 and columns 2c, 2c + 1.
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Asynchronous 16-byte global -> shared copies (sm_80+), completed per thread by cp_async_wait.

@@ -7,10 +7,6 @@
 #include "common.cuh"
 #include "rope.cuh"
 
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
 // A GEMM input element: bf16(v) at hi[i] and, in precise mode (lo set), the remainder
 // bf16(v - bf16(v)) at lo[i], so hi + lo carries 16 significant bits (relative error <= 2^-17).
 __device__ __forceinline__ void store_operand(uint16_t* hi, uint16_t* lo, size_t i, float v) {
@@ -333,14 +329,6 @@ struct PfGemmParams {
     int m, n, k, ldc, int4;
     float softcap;           // > 0: c = softcap * tanh(c / softcap)
 };
-
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // Two bf16 of (nibble - 8) * scale for nibbles e and e+1 of w.
 __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int e, float s) {

@@ -74,18 +74,7 @@ impl BenchReport {
             "gpu: {}\nquant: {}  gemv: {}  pdl: {}  fused ple: {}  attention prefetch: {}  attention tile: {}  l2 prefetch: {}  prompt: {}  gen: {}\n",
             self.gpu,
             self.cuda.quant.name(),
-            match (
-                self.cuda.single_kernel,
-                self.cuda.persistent_gemv,
-                self.cuda.int8_activations,
-                self.cuda.gemv_unroll8
-            ) {
-                (true, ..) => "single-kernel step",
-                (false, true, ..) => "persistent",
-                (false, false, true, _) => "tiled, int8 activations (DP4A)",
-                (false, false, false, true) => "tiled, 8 loads in flight",
-                (false, false, false, false) => "tiled",
-            },
+            self.cuda.gemv_name(),
             if self.pdl { "on" } else { "off" },
             if self.cuda.fuse_ple { "on" } else { "off" },
             if self.cuda.attn_prefetch { "on" } else { "off" },

@@ -309,7 +309,11 @@ pub fn parity(
         },
     )?;
     let mut cpu = CpuRunner::new(reference.clone())?;
-    if opts.int8_activations {
+    let int8 = opts.int8_activations && !opts.tensor_core_gemv && quant == Quant::Int4;
+    if opts.tensor_core_gemv && quant == Quant::Int4 {
+        // The tensor-core GEMV multiplies x as a bf16 pair: so does its reference.
+        cpu.set_matmul_inputs(MatmulInputs::Bf16Pair);
+    } else if int8 {
         // The GPU multiplies int8 activations (one scale per 128 columns): so does its reference.
         cpu.set_matmul_inputs(MatmulInputs::Int8 { group: 128 });
     }
@@ -319,7 +323,7 @@ pub fn parity(
     let gs = greedy(&mut gpu, first, steps)?;
     let cs = greedy(&mut cpu, first, steps)?;
     let mut r = ParityReport::new(quant, &g, &c, steps, &gs, &cs);
-    if opts.int8_activations {
+    if int8 {
         r.rounding_floor = Some(int8_rounding_floor(reference, prompt, 128)?);
     }
     Ok(r)

@@ -63,6 +63,7 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("gemv", true),
     ("gemv_u8", true),
     ("gemv_a8", true),
+    ("gemv_mma", true),
     ("gemv_persistent", true),
     ("gemv_pair", true),
     ("attn_split", true),

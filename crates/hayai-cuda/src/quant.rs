@@ -348,3 +348,70 @@ mod act8_layout_tests {
         }
     }
 }
+
+/// The fragment order of `gemv_mma` (kernels/gemv_mma.cu), checked without a GPU: the A operand
+/// built from each lane's nibble words, the B operand from x, multiplied as mma.m16n8k16 defines
+/// it (lane 4 g + c holds A rows g, g + 8 and k pairs 2c, 2c + 8; B k pairs 2c, 2c + 8 of
+/// column g), must give each row's plain dot product.
+#[cfg(test)]
+mod mma_layout_tests {
+    use super::*;
+
+    /// bf16 pair of (nibble - 8) for the nibbles at bits 0 and 16 of `w` (gmma_pair).
+    fn pair(w: u32) -> [i32; 2] {
+        [(w & 15) as i32 - 8, ((w >> 16) & 15) as i32 - 8]
+    }
+
+    fn col(u: usize, k: usize, c: usize) -> usize {
+        32 * u + 16 * (k >> 2) + 4 * c + (k & 3)
+    }
+
+    #[test]
+    fn mma_fragments_reproduce_each_rows_dot_product() {
+        let (rows, cols) = (16, 256);
+        let mut r = hayai_model::random::SplitMix::new(5);
+        let m = Matrix::from_f32(rows, cols, (0..rows * cols).map(|_| r.uniform()).collect());
+        let q = quantize_int4(&m);
+        let x: Vec<i64> = (0..cols).map(|i| ((i * 53 + 7) % 97) as i64 - 48).collect();
+        let word = |row: usize, g: usize, c: usize, u: usize| {
+            let b = &q.packed[row * cols / 2 + g * 64 + c * 16 + 4 * u..][..4];
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        };
+        for g in 0..cols / 128 {
+            let mut d = [0i64; 16];
+            for s in 0..8 {
+                let (u, sh, k0) = (s / 2, 8 * (s % 2), 2 * (s % 2));
+                // a[lane][reg][half], b[lane][reg][half] (column 0 only: lanes with g = 0).
+                let a = |lane: usize, reg: usize| {
+                    let (lg, c) = (lane / 4, lane % 4);
+                    let row = if reg % 2 == 0 { lg } else { lg + 8 };
+                    let shift = if reg < 2 { sh } else { sh + 4 };
+                    pair(word(row, g, c, u) >> shift)
+                };
+                let b = |c: usize, reg: usize| {
+                    let ks = if reg == 0 {
+                        [k0, k0 + 4]
+                    } else {
+                        [k0 + 1, k0 + 5]
+                    };
+                    ks.map(|k| x[g * 128 + col(u, k, c)])
+                };
+                for (mrow, dm) in d.iter_mut().enumerate() {
+                    for vk in 0..16 {
+                        let c = (vk % 8) / 2;
+                        let lane = 4 * (mrow % 8) + c;
+                        let areg = (mrow >= 8) as usize + 2 * (vk >= 8) as usize;
+                        let breg = (vk >= 8) as usize;
+                        *dm += a(lane, areg)[vk % 2] as i64 * b(c, breg)[vk % 2];
+                    }
+                }
+            }
+            for (row, &got) in d.iter().enumerate() {
+                let want: i64 = (0..128)
+                    .map(|c| q.q(row, g * 128 + c) as i64 * x[g * 128 + c])
+                    .sum();
+                assert_eq!(got, want, "row {row} group {g}");
+            }
+        }
+    }
+}

@@ -80,6 +80,11 @@ pub struct CudaOptions {
     /// its CPU reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M:
     /// +0.23%, docs/performance.md). Off until measured.
     pub int8_activations: bool,
+    /// int4 GEMVs on tensor cores (`gemv_mma`, kernels/gemv_mma.cu): nibble pairs turned into
+    /// exact bf16 pairs, x entering as a bf16 pair (16 significant bits, relative error
+    /// <= 2^-17), ~1.4 instead of ~3.4 instructions per weight. Its CPU twin is
+    /// `MatmulInputs::Bf16Pair`. Off until measured.
+    pub tensor_core_gemv: bool,
     /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
     /// between operations, each warp streaming its share of every GEMV's weights through a
     /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
@@ -114,10 +119,30 @@ impl Default for CudaOptions {
             attn_prefetch: false,
             attn_smem_tile: false,
             int8_activations: false,
+            tensor_core_gemv: false,
             single_kernel: false,
             l2_prefetch: 0,
             batched_prefill: true,
             precise_prefill: false,
+        }
+    }
+}
+
+impl CudaOptions {
+    /// The decode GEMV in use, in words (benchmark reports).
+    pub fn gemv_name(&self) -> &'static str {
+        if self.single_kernel {
+            "single-kernel step"
+        } else if self.persistent_gemv {
+            "persistent"
+        } else if self.tensor_core_gemv && self.quant == Quant::Int4 {
+            "tiled, tensor cores (bf16-pair activations)"
+        } else if self.int8_activations && self.quant == Quant::Int4 {
+            "tiled, int8 activations (DP4A)"
+        } else if self.gemv_unroll8 {
+            "tiled, 8 loads in flight"
+        } else {
+            "tiled"
         }
     }
 }
@@ -637,6 +662,8 @@ pub struct CudaRunner {
     attn_prefetch: bool,
     /// int4 GEMVs as `gemv_a8` (int8 activations).
     int8_act: bool,
+    /// int4 GEMVs as `gemv_mma` (tensor cores).
+    tc_gemv: bool,
     /// See [`CudaOptions::l2_prefetch`].
     l2_prefetch: usize,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
@@ -690,6 +717,15 @@ impl Act {
 /// group four lane sums and a scale.
 fn gemv_a8_smem(cols: usize) -> usize {
     cols * 4 + cols + (cols / 128) * 20
+}
+
+/// Rows per block of `gemv_mma` (kernels/gemv_mma.cu `GMMA_ROWS`).
+const GEMV_MMA_ROWS: usize = 128;
+
+/// Dynamic shared memory of `gemv_mma`: as the f32 tiled GEMV's, then the B fragments of x for
+/// the block's `groups` 128-column groups (512 bytes each).
+fn gemv_mma_smem(cols: usize, norms: bool, groups: usize) -> usize {
+    gemv_smem(cols, false, norms) + groups * 512
 }
 
 /// Dynamic shared memory of the tiled GEMVs (kernels/gemv.cu `gemv_cst_offset`): x (for
@@ -933,6 +969,18 @@ impl CudaRunner {
             gpu.set_max_dynamic_smem("gemv_pair", smem)?;
             gpu.set_max_dynamic_smem("gemv_u8", smem)?;
         }
+        if opts.tensor_core_gemv {
+            let mma =
+                gemv_mma_smem(max_cols, false, max_cols / 128).max(gemv_mma_smem(h, true, h / 128));
+            if mma > gpu.max_smem_optin()? {
+                return Err(CudaError::Unsupported(format!(
+                    "GEMV width {max_cols} on tensor cores needs more shared memory than the GPU has"
+                )));
+            }
+            if mma > 48 * 1024 - 256 {
+                gpu.set_max_dynamic_smem("gemv_mma", mma)?;
+            }
+        }
         if opts.int8_activations {
             let a8 = gemv_smem(max_cols, true, false).max(gemv_smem(h, true, true));
             if a8 > gpu.max_smem_optin()? {
@@ -972,6 +1020,7 @@ impl CudaRunner {
             attn_prefetch: opts.attn_prefetch,
             attn_tile_dims: Vec::new(),
             int8_act: opts.int8_activations,
+            tc_gemv: opts.tensor_core_gemv,
             l2_prefetch: opts.l2_prefetch,
             step_kernel: None,
             step_profile: None,
@@ -1205,6 +1254,19 @@ impl CudaRunner {
                 grid,
                 256,
                 smem as u32,
+                &p,
+            )
+        } else if self.tc_gemv && m.int4 {
+            let grid = (m.rows.div_ceil(GEMV_MMA_ROWS) as u32, splits as u32, 1);
+            let norms = p.res_in != 0 || p.norm_w != 0;
+            let per = (m.cols / 128).div_ceil(splits);
+            Launch::new(
+                &self.gpu,
+                label,
+                "gemv_mma",
+                grid,
+                256,
+                gemv_mma_smem(m.cols, norms, per) as u32,
                 &p,
             )
         } else {

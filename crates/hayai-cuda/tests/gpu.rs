@@ -281,3 +281,17 @@ fn int8_activations_match_their_cpu_reference() {
         assert_parity(&m, &o, 24, 300, 1e-4);
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tensor_core_gemv_matches_its_cpu_reference() {
+    require_gpu();
+    for (arch, seed) in [(Arch::Gemma4, 13), (Arch::Gemma3, 14)] {
+        let m = random_model(&small_spec(arch), seed);
+        let o = CudaOptions {
+            tensor_core_gemv: true,
+            ..opts(Quant::Int4, false)
+        };
+        assert_parity(&m, &o, 24, 300, 1e-4);
+    }
+}

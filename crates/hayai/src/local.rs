@@ -657,6 +657,9 @@ pub struct GpuVariantArgs {
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
+    /// int4 GEMVs on tensor cores (activations as a bf16 pair).
+    #[arg(long)]
+    pub tc_gemv: bool,
     /// Every decode kernel pulls the weights of the N-th GEMV after it into L2 (0: off).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub l2_prefetch: usize,
@@ -674,6 +677,7 @@ impl GpuVariantArgs {
             single_kernel: self.single_kernel,
             attn_smem_tile: self.attn_tile,
             int8_activations: self.int8_activations,
+            tensor_core_gemv: self.tc_gemv,
             l2_prefetch: self.l2_prefetch,
             ..o
         }

@@ -138,6 +138,7 @@ pub fn bench_engine(
                     "gemv_unroll8": r.cuda.gemv_unroll8, "attn_prefetch": r.cuda.attn_prefetch,
                     "single_kernel": r.cuda.single_kernel, "attn_smem_tile": r.cuda.attn_smem_tile,
                     "int8_activations": r.cuda.int8_activations, "l2_prefetch": r.cuda.l2_prefetch,
+                    "tensor_core_gemv": r.cuda.tensor_core_gemv, "gemv": r.cuda.gemv_name(),
                     "weight_bytes_per_token": r.weight_bytes_per_token,
                     "achieved_gb_s": r.achieved_gb_s, "measured_read_gb_s": r.measured_read_gb_s,
                     "pct_of_measured": r.pct_of_measured,

@@ -1,0 +1,170 @@
+// int4 GEMV on tensor cores (`gemv_mma`, CudaOptions::tensor_core_gemv): y = W x with W int4 in
+// the GEMV layout (gemv.cu) and x entering as a pair of bf16 (hi = bf16(x), lo = bf16(x - hi):
+// 16 significant bits, relative error <= 2^-17; the CPU twin is MatmulInputs::Bf16Pair). Why:
+// the f32 GEMV spends ~3.4 instructions per int4 weight (LOP3, FADD, FFMA) plus a shared-memory
+// read of x per weight, and at batch 1 that issue rate, not DRAM, bounds the large matrices. Here
+// a pair of nibbles becomes an exact bf16 pair with one LOP3 (plus a shift for three pairs in
+// four) and one bf16x2 subtract, and one mma.sync multiplies 8 weights per lane against both
+// halves of x at once (columns 0 and 1 of the B operand; the other six are zero).
+//
+// Mapping: a warp owns 16 rows (r0 + g and r0 + g + 8 for lane 4g + c) and, per 128-column
+// group, lane c's 16-byte chunk of each of its two rows, as in the f32 kernel. The 32 nibbles of
+// a chunk are the 32 k positions lane c contributes to the group's 8 mma steps: step s takes
+// word u = s / 2 of the chunk, nibble pairs (k0, k0 + 4) and (k0 + 1, k0 + 5) with
+// k0 = 2 (s % 2) — one LOP3 each yields such a pair as bf16x2 — and the B fragment of lane
+// (g < 2, c) holds x (g = 0: hi, g = 1: lo) at exactly those columns. The dot product is a sum
+// over k, so any bijection of k positions works as long as A and B agree; gemv_mma_fragments
+// builds B in that order once per block. The group sum (exact products, f32 accumulation) is
+// scaled by the row's group scale as in the f32 kernel. quant.rs checks the mapping on the CPU.
+#include "common.cuh"
+
+#define GMMA_ROWS 128  // 8 warps x 16 rows
+#define GMMA_U 2       // groups in flight per lane (two 16-byte loads each)
+
+// Column (within its group) of nibble k of word u of lane chunk c (gemv.cu's int4 layout).
+__device__ __forceinline__ int gmma_col(int u, int k, int c) {
+    return 32 * u + 16 * (k >> 2) + 4 * c + (k & 3);
+}
+
+// B fragments for groups [g0, g1): fr[((g - g0) * 8 + s) * 8 + 2 c + n] = (b0, b1) of lane
+// (g = n, c) at step s, n = 0 for hi, 1 for lo.
+__device__ void gemv_mma_fragments(const float* xs, uint2* fr, int g0, int g1) {
+    for (int i = threadIdx.x; i < (g1 - g0) * 32; i += blockDim.x) {
+        const int gi = i >> 5, s = (i >> 2) & 7, c = i & 3;
+        const int u = s >> 1, k0 = 2 * (s & 1);
+        const float* x = xs + (g0 + gi) * 128;
+        const float v[4] = {x[gmma_col(u, k0, c)], x[gmma_col(u, k0 + 4, c)],
+                            x[gmma_col(u, k0 + 1, c)], x[gmma_col(u, k0 + 5, c)]};
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const __nv_bfloat16 h = __float2bfloat16_rn(v[j]);
+            hi[j] = __bfloat16_as_ushort(h);
+            lo[j] = f32_to_bf16_bits(v[j] - __bfloat162float(h));
+        }
+        uint2* f = fr + (gi * 8 + s) * 8 + 2 * c;
+        f[0] = make_uint2(hi[0] | (hi[1] << 16), hi[2] | (hi[3] << 16));
+        f[1] = make_uint2(lo[0] | (lo[1] << 16), lo[2] | (lo[3] << 16));
+    }
+}
+
+// Nibbles e and e + 4 of `w >> 4e'`... as bf16x2 (low half: the lower nibble) of q = nibble - 8:
+// (w & 0x000F000F) | 0x43004300 is bf16 (128 + nibble) twice, exact; minus 136 gives q.
+__device__ __forceinline__ uint32_t gmma_pair(uint32_t w, uint32_t magic) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(0x000F000Fu), "r"(magic));
+    const __nv_bfloat162 q = __hsub2(*(const __nv_bfloat162*)&d, __floats2bfloat162_rn(136.f, 136.f));
+    return *(const uint32_t*)&q;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvParams p) {
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    __shared__ int last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int r0 = blockIdx.x * GMMA_ROWS + warp * 16;
+    const int ra = r0 + g, rb = r0 + g + 8;
+    const bool va = ra < p.rows, vb = rb < p.rows;
+    const int units = p.cols >> 7;
+    const int per = (units + p.splits - 1) / p.splits;
+    const int u0 = blockIdx.y * per, u1 = min(units, u0 + per);
+    const size_t rbytes = (size_t)(p.cols >> 1);
+    const uint4* wa = (const uint4*)((const uint8_t*)p.w + (size_t)(va ? ra : 0) * rbytes) + c;
+    const uint4* wb = (const uint4*)((const uint8_t*)p.w + (size_t)(vb ? rb : 0) * rbytes) + c;
+    const uint16_t* sa = p.scales + (size_t)(va ? ra : 0) * units;
+    const uint16_t* sb = p.scales + (size_t)(vb ? rb : 0) * units;
+
+    // The first batch of weights before the prologue and the wait (constant data).
+    uint4 na[GMMA_U], nb[GMMA_U];
+    uint32_t nsa[GMMA_U], nsb[GMMA_U];
+    auto load = [&](int g0) {
+#pragma unroll
+        for (int k = 0; k < GMMA_U; k++) {
+            if (g0 + k < u1) {
+                na[k] = ld_stream(wa + (size_t)(g0 + k) * 4);
+                nb[k] = ld_stream(wb + (size_t)(g0 + k) * 4);
+                nsa[k] = sa[g0 + k];
+                nsb[k] = sb[g0 + k];
+            }
+        }
+    };
+    load(u0);
+    const bool has_cst = p.res_in || p.norm_w;
+    float* cst = has_cst ? xs + gemv_cst_offset(p.cols, false) : nullptr;
+    if (cst) gemv_constants_async(p, cst);
+    uint2* fr = (uint2*)(xs + gemv_cst_offset(p.cols, false) + (has_cst ? 3 * p.cols : 0));
+
+    pdl_wait();
+    pdl_launch_dependents();
+    gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
+    gemv_mma_fragments(xs, fr, u0, u1);
+    __syncthreads();
+
+    const uint32_t magic = 0x43004300u;
+    float acc_a = 0.f, acc_b = 0.f;
+    for (int g0 = u0; g0 < u1; g0 += GMMA_U) {
+        uint4 ca[GMMA_U], cb[GMMA_U];
+        uint32_t csa[GMMA_U], csb[GMMA_U];
+#pragma unroll
+        for (int k = 0; k < GMMA_U; k++) {
+            ca[k] = na[k];
+            cb[k] = nb[k];
+            csa[k] = nsa[k];
+            csb[k] = nsb[k];
+        }
+        load(g0 + GMMA_U);
+#pragma unroll
+        for (int k = 0; k < GMMA_U; k++) {
+            if (g0 + k >= u1) break;
+            const uint2* f = fr + (g0 + k - u0) * 64 + 2 * c + g;
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            const uint32_t wa4[4] = {ca[k].x, ca[k].y, ca[k].z, ca[k].w};
+            const uint32_t wb4[4] = {cb[k].x, cb[k].y, cb[k].z, cb[k].w};
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                const int u = s >> 1, sh = 8 * (s & 1);  // 4 k0
+                const uint32_t a[4] = {gmma_pair(wa4[u] >> sh, magic), gmma_pair(wb4[u] >> sh, magic),
+                                       gmma_pair(wa4[u] >> (sh + 4), magic),
+                                       gmma_pair(wb4[u] >> (sh + 4), magic)};
+                uint2 bv = make_uint2(0u, 0u);
+                if (g < 2) bv = f[s * 8];
+                const uint32_t b[2] = {bv.x, bv.y};
+                mma_bf16(d, a, b);
+            }
+            // Columns 0 (hi) and 1 (lo) live in lanes c = 0.
+            acc_a = fmaf(d[0] + d[1], __uint_as_float(csa[k] << 16), acc_a);
+            acc_b = fmaf(d[2] + d[3], __uint_as_float(csb[k] << 16), acc_b);
+        }
+    }
+    if (p.glu) {
+        // Interleaved (gate, up) rows: gate 2i in lane 4g (g even), up 2i + 1 in lane 4g + 4.
+        const float up_a = __shfl_down_sync(HAYAI_FULL_MASK, acc_a, 4);
+        const float up_b = __shfl_down_sync(HAYAI_FULL_MASK, acc_b, 4);
+        if (c == 0 && (g & 1) == 0) {
+            if (va) p.out[ra >> 1] = gelu_tanh(acc_a) * up_a;
+            if (vb) p.out[rb >> 1] = gelu_tanh(acc_b) * up_b;
+        }
+        return;
+    }
+    const int s = blockIdx.y;
+    if (c == 0) {
+        if (va) p.out[(size_t)s * p.rows + ra] = acc_a;
+        if (vb) p.out[(size_t)s * p.rows + rb] = acc_b;
+    }
+    if (p.splits == 1) return;
+    // Split-K: the last block of this row tile adds the partials in split order.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(p.counters + blockIdx.x, 1) == p.splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int r = blockIdx.x * GMMA_ROWS + threadIdx.x;
+    if (threadIdx.x < GMMA_ROWS && r < p.rows) {
+        float t = 0.f;
+        for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
+        p.out_final[r] = t;
+    }
+    if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
