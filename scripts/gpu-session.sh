@@ -8,7 +8,7 @@
 # There:  carry .m0 .. .m4 one per call (each call must come within the machine's idle window so
 #         earlier parts survive), then carry .gpu and target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
-#         STAGES (default: all): checks fuse single prefill real bench demo ppl
+#         STAGES (default: all): checks tc fuse single prefill real bench demo ppl
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,13 +42,14 @@ run() {
   export HAYAI_QUIET=1
   local G=/tmp/gemma-3-270m-q4_k_m.gguf
   local want=("$@")
-  [ ${#want[@]} -eq 0 ] && want=(checks fuse single prefill real bench demo ppl)
+  [ ${#want[@]} -eq 0 ] && want=(checks tc fuse single prefill real bench demo ppl)
   has() { local w; for w in "${want[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
   stage() { echo "== $1 ($(date -u +%T))" | tee -a "$out/session.log"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi
-  if has fuse; then stage "gpu_check fuse a8 bench bench-tile bench-a8"; timeout 500 "$C" fuse a8 bench bench-tile bench-a8 > "$out/fuse.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/fuse.log" | tee -a "$out/session.log"; fi
+  if has tc; then stage "gpu_check tc a8 bench-tc bench-a8"; timeout 400 "$C" tc a8 bench-tc bench-a8 > "$out/tc.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/tc.log" | tee -a "$out/session.log"; fi
+  if has fuse; then stage "gpu_check fuse bench"; timeout 300 "$C" fuse bench > "$out/fuse.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/fuse.log" | tee -a "$out/session.log"; fi
   if has single; then stage "gpu_check single bench-single"; timeout 300 "$C" single bench-single > "$out/single.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:|^  " "$out/single.log" | tee -a "$out/session.log"; fi
   if has prefill; then stage "gpu_check prefill prefill-e4b"; timeout 300 "$C" prefill prefill-e4b > "$out/prefill.log" 2>&1; grep -E "PASS|FAIL" "$out/prefill.log" | tee -a "$out/session.log"; fi
   if has real || has demo || has ppl; then
@@ -69,5 +70,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [checks] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -360,6 +360,23 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
     return acc;
 }
 
+// Split-K epilogue of the last block of a row tile (rows [r0, r0 + n), n <= blockDim.x, n a
+// multiple of 32): adds the partials in split order into out_final; with `glu` the tile's
+// interleaved (gate, up) rows become gelu(gate) * up at out_final[row / 2].
+__device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, int n) {
+    if (threadIdx.x >= n) return;
+    const int r = r0 + threadIdx.x;
+    float t = 0.f;
+    if (r < p.rows)
+        for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
+    if (p.glu) {
+        const float up = __shfl_down_sync(HAYAI_FULL_MASK, t, 1);
+        if ((r & 1) == 0 && r < p.rows) p.out_final[r >> 1] = gelu_tanh(t) * up;
+    } else if (r < p.rows) {
+        p.out_final[r] = t;
+    }
+}
+
 // The tiled GEMV: one 64-row tile and one K split per block; U = 16-byte loads in flight per
 // lane (the per-lane order of additions is the same for every U, so results are too).
 template <int U, bool A8 = false>
@@ -404,6 +421,7 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
     if (p.glu) {
         // Rows are interleaved gate/up pairs: row 2i is gate i, row 2i+1 is up i.
+        // (The host never splits a GeGLU GEMV on this kernel: its sums must be whole here.)
         const float up = __shfl_xor_sync(HAYAI_FULL_MASK, acc, 4);
         if (valid && l == 0 && (quad & 1) == 0) p.out[row >> 1] = gelu_tanh(acc) * up;
         return;

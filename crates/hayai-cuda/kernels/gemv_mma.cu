@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvPa
             acc_b = fmaf(d[2] + d[3], __uint_as_float(csb[k] << 16), acc_b);
         }
     }
-    if (p.glu) {
+    if (p.glu && p.splits == 1) {
         // Interleaved (gate, up) rows: gate 2i in lane 4g (g even), up 2i + 1 in lane 4g + 4.
         const float up_a = __shfl_down_sync(HAYAI_FULL_MASK, acc_a, 4);
         const float up_b = __shfl_down_sync(HAYAI_FULL_MASK, acc_b, 4);
@@ -160,11 +160,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvPa
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int r = blockIdx.x * GMMA_ROWS + threadIdx.x;
-    if (threadIdx.x < GMMA_ROWS && r < p.rows) {
-        float t = 0.f;
-        for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
-        p.out_final[r] = t;
-    }
+    gemv_reduce_splits(p, blockIdx.x * GMMA_ROWS, GMMA_ROWS);
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }

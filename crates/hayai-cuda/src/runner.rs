@@ -1308,6 +1308,11 @@ impl CudaRunner {
                 .clamp(1, MAX_SPLITS)
                 .min((units / 4).max(1));
         }
+        if self.tc_gemv && m.int4 {
+            // gemv_mma: 16 rows per warp, 80 registers (3 blocks per SM); aim at two blocks'
+            // worth so the grid stays within one wave. Not yet measured.
+            return splits_for(m.rows.div_ceil(2), units, sm, 16);
+        }
         splits_for(m.rows, units, sm, gemv_warps_per_sm(m.int4))
     }
 
@@ -1515,8 +1520,11 @@ impl CudaRunner {
             };
             o.feed(&mut p);
             cur ^= 1;
-            // The tiled kernel's GeGLU epilogue needs whole sums: no split there.
-            let sgu = if self.persistent || self.step_kernel.is_some() {
+            // The tiled kernel's GeGLU epilogue needs whole sums: no split there (measured best
+            // for `gemv`). `gemv_mma` has half as many blocks per matrix and splits it, the GeGLU
+            // applied by the last block of each row tile after the split sum.
+            let tc = self.tc_gemv && dl.gateup.int4;
+            let sgu = if self.persistent || self.step_kernel.is_some() || tc {
                 self.mat_splits(&dl.gateup, sm)
             } else {
                 1
