@@ -19,20 +19,6 @@ struct GroupThreads {
     }
 };
 
-// Sum over the threads of `g`; every thread gets the result. `scratch` holds >= 32 floats.
-template <class G>
-__device__ __forceinline__ float group_sum(float v, float* scratch, G g) {
-    const int lane = g.t() & 31, warp = g.t() >> 5;
-    const int nwarps = (g.n() + 31) >> 5;
-    v = warp_sum(v);
-    g.sync();
-    if (lane == 0) scratch[warp] = v;
-    g.sync();
-    float t = 0.f;
-    for (int i = 0; i < nwarps; i++) t += scratch[i];
-    return t;
-}
-
 // One head for norm_rope_heads: the sum of `splits` partial vectors `ld` apart from `src`, into
 // shared `dst`, RMS-normed when `norm` (times `w` if set), rotated when `inv_freq` is set.
 struct HeadJob {
@@ -69,7 +55,7 @@ __device__ void norm_rope_heads(const HeadJob (&job)[N], int splits, int ld, int
             ss[n] += v[n] * v[n];
         }
     }
-    // group_sum for each head, in the same order.
+    // A block (group) sum per head: warp sums, then the warps' sums in order.
 #pragma unroll
     for (int n = 0; n < N; n++) ss[n] = warp_sum(ss[n]);
     g.sync();
@@ -116,48 +102,11 @@ __device__ void norm_rope_heads(const HeadJob (&job)[N], int splits, int ld, int
     g.sync();
 }
 
-// RMSNorm (optional weight) + optional RoPE of one head into shared `dst`; the head is the sum
-// of `splits` partial vectors `ld` apart starting at `src` (added in order).
-template <class G>
-__device__ void norm_rope_head(const float* src, int splits, int ld, float* dst, const float* w,
-                               const float* inv_freq, int hd, int pos, bool norm, float eps,
-                               float* red, G g) {
-    const int half = hd >> 1;
-    float ss = 0.f;
-    for (int i = g.t(); i < hd; i += g.n()) {
-        float v = src[i];
-        for (int s = 1; s < splits; s++) v += src[i + (size_t)s * ld];
-        dst[i] = v;
-        ss += v * v;
-    }
-    const float tot = group_sum(ss, red, g);
-    const float r = norm ? rsqrtf(tot / (float)hd + eps) : 1.f;
-    g.sync();
-    for (int i = g.t(); i < half; i += g.n()) {
-        float a = dst[i], c = dst[i + half];
-        if (norm) {
-            a *= r;
-            c *= r;
-            if (w) {
-                a *= w[i];
-                c *= w[i + half];
-            }
-        }
-        if (inv_freq) {
-            float sn, cs;
-            sincosf((float)pos * inv_freq[i], &sn, &cs);
-            const float a2 = a * cs - c * sn;
-            c = c * cs + a * sn;
-            a = a2;
-        }
-        dst[i] = a;
-        dst[i + half] = c;
-    }
-    g.sync();
-}
-
+// One head of one row (prefill): RMSNorm (optional weight `w`) and RoPE (when `inv_freq` is set)
+// of `src` into shared `dst`, by the whole block.
 __device__ __forceinline__ void norm_rope_head(const float* src, float* dst, const float* w,
                                                const float* inv_freq, int hd, int pos, bool norm,
                                                float eps, float* red) {
-    norm_rope_head(src, 1, 0, dst, w, inv_freq, hd, pos, norm, eps, red, BlockThreads{});
+    const HeadJob job[1] = {{src, dst, w, inv_freq, norm}};
+    norm_rope_heads<1>(job, 1, 0, hd, pos, eps, red, BlockThreads{});
 }
