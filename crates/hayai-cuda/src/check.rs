@@ -66,10 +66,12 @@ impl ParityReport {
     /// what those flips do by themselves (`rounding_floor`) plus one argmax flip.
     pub fn agrees(&self, tol: f64) -> bool {
         let tight = self.rel_l2 < tol && self.greedy_identical();
-        let floor = self.rounding_floor.is_some_and(|(frel, fmism)| {
-            self.rel_l2 <= 2.0 * frel && self.prompt_argmax_mismatches <= 2 * fmism + 1
-        });
-        tight || floor
+        tight
+            || within_floor(
+                self.rel_l2,
+                self.prompt_argmax_mismatches,
+                self.rounding_floor,
+            )
     }
 
     pub fn greedy_identical(&self) -> bool {
@@ -94,6 +96,13 @@ impl ParityReport {
             self.greedy_steps
         )
     }
+}
+
+/// A difference (rel L2, argmax mismatches) within twice what a rounding does to the model by
+/// itself on the CPU (`floor`), plus one argmax flip: what random-weight models, which amplify
+/// any rounding difference, can be held to.
+fn within_floor(rel: f64, mism: usize, floor: Option<(f64, usize)>) -> bool {
+    floor.is_some_and(|(frel, fmism)| rel <= 2.0 * frel && mism <= 2 * fmism + 1)
 }
 
 /// The CPU reference model for `quant`.
@@ -171,10 +180,7 @@ impl PrefillReport {
             return false;
         };
         let tight = rel < 1e-3 && mism * 50 <= self.twin.prompt_len;
-        let floor = self
-            .precise_floor
-            .is_some_and(|(frel, fmism)| rel <= 2.0 * frel && mism <= 2 * fmism + 1);
-        (tight || floor) && self.chunking_invariant
+        (tight || within_floor(rel, mism, self.precise_floor)) && self.chunking_invariant
     }
 
     pub fn line(&self) -> String {
