@@ -630,7 +630,7 @@ pub struct BenchEngineArgs {
 
 /// Decode-kernel variants of the CUDA backend, for A/B measurements (the defaults are the
 /// measured best; docs/performance.md).
-#[derive(Args, Clone, Copy, Debug, Default)]
+#[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GpuVariantArgs {
     /// Launch without programmatic dependent launch (sm_90+ only has it).
     #[arg(long)]

@@ -115,6 +115,11 @@ pub fn bench_engine(
         crate::local::Device::Cuda => true,
         crate::local::Device::Auto => gpu_available(),
     };
+    if !use_cuda && variant != crate::local::GpuVariantArgs::default() {
+        anyhow::bail!(
+            "decode-kernel variants (--no-pdl, --persistent-gemv, --tc-gemv, ...) apply to the CUDA backend only (use --device cuda on a machine with a GPU)"
+        );
+    }
     if use_cuda {
         let opts = hayai_cuda::BenchOptions {
             prompt_len,

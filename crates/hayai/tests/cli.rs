@@ -233,6 +233,19 @@ fn malformed_inputs_fail_clearly() {
         None,
     );
     fails_with(&out, "context");
+    // GPU kernel variants on the CPU backend.
+    let out = run(
+        hayai().args([
+            "bench-engine",
+            "--model",
+            &m,
+            "--device",
+            "cpu",
+            "--tc-gemv",
+        ]),
+        None,
+    );
+    fails_with(&out, "CUDA backend only");
 }
 
 #[test]
