@@ -48,8 +48,9 @@ __device__ void gemv_mma_fragments(const float* xs, uint2* fr, int g0, int g1) {
     }
 }
 
-// Nibbles e and e + 4 of `w >> 4e'`... as bf16x2 (low half: the lower nibble) of q = nibble - 8:
-// (w & 0x000F000F) | 0x43004300 is bf16 (128 + nibble) twice, exact; minus 136 gives q.
+// The nibbles at bits 0-3 and 16-19 of `w` (nibbles k and k + 4 of a word shifted right by 4k)
+// as a bf16x2 of q = nibble - 8, the first in the low half: (w & 0x000F000F) | 0x43004300 is
+// bf16 (128 + nibble) twice, exact, and subtracting 136 leaves q, exact.
 __device__ __forceinline__ uint32_t gmma_pair(uint32_t w, uint32_t magic) {
     uint32_t d;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(0x000F000Fu), "r"(magic));
