@@ -91,9 +91,9 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // STEP: the single-kernel decode step's variant (kernels/step.cu), which also reads GeGLU
 // partials (`in_glu`) and requests split partials four at a time; the launch-per-operation
 // kernels keep the plain loop (fewer registers: their occupancy depends on it).
-// [j0, j1): the float4s of x this block multiplies (its K split). Without a norm or residual
-// (which need the whole vector) or a residual to store, only those are built: a K split of `down` needs 1/7 of its
-// 40 KB input, not all of it.
+// [j0, j1): the float4s of x this block multiplies (its K split). Without a norm, a residual
+// input or a residual to store (which need the whole vector) only those are built: a K split
+// of `down` needs 1/7 of its 40 KB input, not all of it.
 // `cst` (launch-per-operation GEMVs; null elsewhere): 3 x cols shared floats where
 // gemv_constants_async has begun copying the norm weights before the wait; the residual input is
 // then read in the same pass as the input partials, so the prologue waits on one memory round
