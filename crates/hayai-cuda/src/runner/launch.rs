@@ -1,0 +1,285 @@
+//! Kernel parameter blocks (mirrored field by field from the kernels' structs) and the recorded
+//! launches of the decode plan.
+
+use cudarc::driver::sys;
+
+use crate::device::{drv, Gpu};
+use crate::CudaError;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct GemvParams {
+    pub(crate) w: u64,
+    pub(crate) scales: u64,
+    pub(crate) out: u64,
+    pub(crate) input: u64,
+    pub(crate) act_mult: u64,
+    pub(crate) res_in: u64,
+    pub(crate) res_out: u64,
+    pub(crate) res_w: u64,
+    pub(crate) norm_w: u64,
+    pub(crate) gather_tok: u64,
+    pub(crate) gather_table: u64,
+    pub(crate) out_final: u64,
+    pub(crate) counters: u64,
+    pub(crate) rows: i32,
+    pub(crate) cols: i32,
+    pub(crate) splits: i32,
+    pub(crate) glu: i32,
+    pub(crate) in_splits: i32,
+    pub(crate) in_ld: i32,
+    pub(crate) res_scalar: f32,
+    pub(crate) eps: f32,
+    pub(crate) gather_scale: f32,
+    pub(crate) int4: i32,
+    pub(crate) in_glu: i32,
+    pub(crate) pf: L2Prefetch,
+}
+
+/// Weights to pull into L2 (kernels/common.cuh `L2Prefetch`), the last field of the GEMV and
+/// attention parameter blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct L2Prefetch {
+    pub(crate) p: [u64; 2],
+    pub(crate) bytes: [i64; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct AttnParams {
+    pub(crate) q: u64,
+    pub(crate) counters: u64,
+    pub(crate) k_cache: u64,
+    pub(crate) v_cache: u64,
+    pub(crate) part_ml: u64,
+    pub(crate) part_acc: u64,
+    pub(crate) out: u64,
+    pub(crate) pos: u64,
+    pub(crate) nh: i32,
+    pub(crate) nkv: i32,
+    pub(crate) hd: i32,
+    pub(crate) cap: i32,
+    pub(crate) window: i32,
+    pub(crate) splits: i32,
+    pub(crate) scale: f32,
+    pub(crate) softcap: f32,
+    pub(crate) qkv: u64,
+    pub(crate) q_norm: u64,
+    pub(crate) k_norm: u64,
+    pub(crate) inv_freq: u64,
+    pub(crate) own_kv: i32,
+    pub(crate) v_norm: i32,
+    pub(crate) eps: f32,
+    pub(crate) prefetch: i32,
+    pub(crate) qkv_splits: i32,
+    pub(crate) qkv_ld: i32,
+    pub(crate) pf: L2Prefetch,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ArgmaxParams {
+    pub(crate) logits: u64,
+    pub(crate) blk_val: u64,
+    pub(crate) blk_idx: u64,
+    pub(crate) step_io: u64,
+    pub(crate) out_tok: u64,
+    pub(crate) n: i32,
+    pub(crate) blocks: i32,
+    pub(crate) softcap: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PleParams {
+    pub(crate) tok: u64,
+    pub(crate) table: u64,
+    pub(crate) ctx: u64,
+    pub(crate) norm_w: u64,
+    pub(crate) out: u64,
+    pub(crate) splits: i32,
+    pub(crate) ld: i32,
+    pub(crate) dim: i32,
+    pub(crate) tok_scale: f32,
+    pub(crate) ctx_scale: f32,
+    pub(crate) mix_scale: f32,
+    pub(crate) eps: f32,
+}
+
+/// Two GEMVs in one launch (kernels/gemv.cu `gemv_pair`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct GemvPairParams {
+    pub(crate) a: GemvParams,
+    pub(crate) b: GemvParams,
+    pub(crate) barrier: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct BwParams {
+    pub data: u64,
+    pub n16: u64,
+    pub sink: u64,
+}
+
+/// Profiling slots per operation of the single-kernel step (kernels/step.cu `STEP_STAMPS`).
+pub(crate) const STEP_STAMPS: usize = 8;
+/// Bytes of one operation of the single-kernel step (kernels/step.cu `StepOp`).
+pub(crate) const STEP_OP_BYTES: usize = 256;
+/// Threads, warps and 16-byte chunks per lane and ring stage of the single-kernel step.
+pub(crate) const STEP_WARPS: usize = 8;
+pub(crate) const STEP_U: usize = 4;
+/// Shared memory of two attention items (kernels/attention.cu `AttnSmem`, 7,072 bytes each).
+pub(crate) const STEP_ATTN_FLOATS: usize = 2 * 7072 / 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StepParams {
+    pub(crate) ops: u64,
+    pub(crate) barrier: u64,
+    pub(crate) timing: u64,
+    pub(crate) n_ops: i32,
+    pub(crate) first_gemv: i32,
+    pub(crate) x_floats: i32,
+}
+
+/// One recorded kernel launch of the decode plan.
+pub(crate) struct Launch {
+    pub label: &'static str,
+    pub(crate) kernel: &'static str,
+    pub(crate) func: sys::CUfunction,
+    pub(crate) grid: (u32, u32, u32),
+    pub(crate) block: u32,
+    pub(crate) smem: u32,
+    pub(crate) params: Vec<u64>,
+    /// The kernel may be launched with programmatic stream serialization.
+    pub(crate) pdl: bool,
+    /// The weights this launch streams (pointer, bytes; up to two ranges), for the L2 prefetch
+    /// of the launch before it.
+    pub(crate) reads: [(u64, usize); 2],
+    /// Byte offset of an `L2Prefetch` in the parameter block, where the kernel takes one.
+    pub(crate) prefetch_at: Option<usize>,
+}
+
+impl Launch {
+    pub(crate) fn new<P: Copy>(
+        gpu: &Gpu,
+        label: &'static str,
+        kernel: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        p: &P,
+    ) -> Launch {
+        let n = std::mem::size_of::<P>().div_ceil(8);
+        let mut params = vec![0u64; n];
+        // SAFETY: P is a plain #[repr(C)] struct of integers; copying its bytes is exact.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                p as *const P as *const u8,
+                params.as_mut_ptr() as *mut u8,
+                std::mem::size_of::<P>(),
+            );
+        }
+        Launch {
+            label,
+            kernel,
+            func: gpu.func(kernel),
+            grid,
+            block,
+            smem,
+            params,
+            pdl: crate::device::KERNELS.contains(&(kernel, true)),
+            reads: [(0, 0); 2],
+            prefetch_at: None,
+        }
+    }
+
+    pub(crate) fn set_prefetch(&mut self, pf: L2Prefetch) {
+        if let Some(at) = self.prefetch_at {
+            // SAFETY: `at` is the offset of an L2Prefetch inside the parameter struct this block
+            // was copied from, so the write stays inside `params` and matches the kernel.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    &pf as *const L2Prefetch as *const u8,
+                    (self.params.as_mut_ptr() as *mut u8).add(at),
+                    std::mem::size_of::<L2Prefetch>(),
+                );
+            }
+        }
+    }
+
+    /// Launch on the GPU's stream; with programmatic dependent launch where the GPU and the
+    /// kernel allow it (the kernel may then start before the previous one has finished and
+    /// waits for it in `pdl_wait`). Stream capture records that as a programmatic graph edge.
+    pub fn run(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        let mut args = [self.params.as_ptr() as *mut std::ffi::c_void];
+        if self.pdl && gpu.pdl {
+            // SAFETY: an all-zero attribute is valid plain data; the id and the union member
+            // set below belong together (programmatic stream serialization).
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: self.grid.0,
+                gridDimY: self.grid.1,
+                gridDimZ: self.grid.2,
+                blockDimX: self.block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: self.smem,
+                hStream: gpu.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: `cfg`, `attr` and the parameter block outlive the call (the driver copies
+            // the parameters at launch); the parameter block mirrors the kernel's struct.
+            return unsafe {
+                sys::cuLaunchKernelEx(&cfg, self.func, args.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(drv);
+        }
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.func,
+                self.grid,
+                (self.block, 1, 1),
+                self.smem,
+                gpu.stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(drv)
+    }
+}
+
+/// Largest matrix the L2 prefetch asks for (the H200's L2 is 50 MB, the A10G's 6 MB; a larger
+/// request only evicts what the current kernel still needs).
+pub(crate) const L2_PREFETCH_MAX: usize = 32 << 20;
+
+/// Points every launch that takes an `L2Prefetch` at the weights of the `ahead`-th launch after
+/// it that reads weights (within the step; none for `ahead` 0).
+pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize) {
+    if ahead == 0 {
+        return;
+    }
+    let weighted: Vec<usize> = (0..plan.len())
+        .filter(|&j| plan[j].reads[0].1 > 0)
+        .collect();
+    for i in 0..plan.len() {
+        let k = weighted.partition_point(|&j| j <= i) + ahead - 1;
+        let Some(&j) = weighted.get(k) else { continue };
+        let r = plan[j].reads;
+        if r[0].1 + r[1].1 > L2_PREFETCH_MAX {
+            continue;
+        }
+        plan[i].set_prefetch(L2Prefetch {
+            p: [r[0].0, r[1].0],
+            bytes: [r[0].1 as i64, r[1].1 as i64],
+        });
+    }
+}

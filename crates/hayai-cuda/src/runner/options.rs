@@ -1,0 +1,135 @@
+//! What a [`super::CudaRunner`] is built with: the weight format and the decode-kernel choices.
+
+/// Weight format of the projections on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quant {
+    Bf16,
+    /// int4, group 128, bf16 scales (matrices whose width is not a multiple of 128 stay bf16).
+    Int4,
+}
+
+impl Quant {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Quant::Bf16 => "bf16",
+            Quant::Int4 => "int4",
+        }
+    }
+}
+
+impl std::str::FromStr for Quant {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bf16" => Ok(Quant::Bf16),
+            "int4" => Ok(Quant::Int4),
+            _ => Err(format!(
+                "unknown quantization `{s}` (expected bf16 or int4)"
+            )),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    pub quant: Quant,
+    /// Longest sequence; default `min(spec.max_context, 8192)`.
+    pub max_context: Option<usize>,
+    pub device_ordinal: usize,
+    /// Replay the step as a CUDA graph (default); off launches kernels one by one (for checks).
+    pub use_graph: bool,
+    /// Programmatic dependent launch on sm_90+ (default): a decode kernel may start while the
+    /// previous one finishes, requesting its weights before it waits for the previous results.
+    /// Ignored on older GPUs.
+    pub pdl: bool,
+    /// GEMV kernel: persistent (grid the GPU holds at once, prologue once per block, warps loop
+    /// over row octets) or tiled (one 64-row tile per block).
+    pub persistent_gemv: bool,
+    /// Per-layer-embedding gate and projection GEMVs as one launch with a grid-wide barrier
+    /// (`gemv_pair`): 42 fewer launches per E4B step, same arithmetic. Off until measured.
+    pub fuse_ple: bool,
+    /// Tiled GEMV with 8 instead of 4 16-byte loads in flight per lane (`gemv_u8`): fewer
+    /// dependent round trips per row, more registers; same arithmetic. Off until measured.
+    pub gemv_unroll8: bool,
+    /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel
+    /// (a prefetch hint; results unchanged). Off until measured.
+    pub attn_prefetch: bool,
+    /// Decode attention copies its K/V tile into shared memory with cp.async before waiting for
+    /// the previous kernel (`attn_split_tile`; same arithmetic, bit-identical results), so the
+    /// cache reads overlap the QKV GEMV's tail and the query norm. Off until measured.
+    pub attn_smem_tile: bool,
+    /// int4 GEMVs with the activation quantized to int8 per 128 columns and DP4A dot products
+    /// (`gemv_a8`; tiled GEMV only): ~4x fewer instructions per weight. Changes the arithmetic:
+    /// its CPU reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M:
+    /// +0.23%, docs/performance.md). Off until measured.
+    pub int8_activations: bool,
+    /// int4 GEMVs on tensor cores (`gemv_mma`, kernels/gemv_mma.cu): nibble pairs turned into
+    /// exact bf16 pairs, x entering as a bf16 pair (16 significant bits, relative error
+    /// <= 2^-17), ~1.4 instead of ~3.4 instructions per weight. Its CPU twin is
+    /// `MatmulInputs::Bf16Pair`. Off until measured.
+    pub tensor_core_gemv: bool,
+    /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
+    /// between operations, each warp streaming its share of every GEMV's weights through a
+    /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
+    /// so its sums are ordered differently (same tolerance to the CPU reference).
+    pub single_kernel: bool,
+    /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
+    /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so
+    /// DRAM streams the next matrix while the dependent chain of the current kernel runs. A
+    /// hint: results unchanged.
+    pub l2_prefetch: usize,
+    /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
+    /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
+    pub batched_prefill: bool,
+    /// Batched prefill with each GEMM input split into two bf16 parts (value and remainder):
+    /// 16 significant bits per activation (relative error <= 2^-17) at twice the tensor-core
+    /// work. For checks (its CPU twin is `MatmulInputs::Bf16Pair`); off by default.
+    pub precise_prefill: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            quant: Quant::Int4,
+            max_context: None,
+            device_ordinal: 0,
+            use_graph: true,
+            pdl: true,
+            // Measured on the H200 (docs/performance.md): the tiled kernel is ~7% faster.
+            persistent_gemv: false,
+            fuse_ple: false,
+            gemv_unroll8: false,
+            attn_prefetch: false,
+            attn_smem_tile: false,
+            int8_activations: false,
+            tensor_core_gemv: false,
+            single_kernel: false,
+            l2_prefetch: 0,
+            batched_prefill: true,
+            precise_prefill: false,
+        }
+    }
+}
+
+impl CudaOptions {
+    /// The decode GEMV in use, in words (benchmark reports).
+    pub fn gemv_name(&self) -> &'static str {
+        if self.single_kernel {
+            "single-kernel step"
+        } else if self.persistent_gemv {
+            "persistent"
+        } else if self.tensor_core_gemv && self.quant == Quant::Int4 {
+            "tiled, tensor cores (bf16-pair activations)"
+        } else if self.int8_activations && self.quant == Quant::Int4 {
+            "tiled, int8 activations (DP4A)"
+        } else if self.gemv_unroll8 {
+            "tiled, 8 loads in flight"
+        } else {
+            "tiled"
+        }
+    }
+}
+
+/// Extra ring slots of sliding layers beyond the window, so a rollback ([`Runner::truncate`]) of
+/// up to this many positions keeps the window intact.
+pub const RING_SLACK: usize = 256;

@@ -1,0 +1,85 @@
+//! Launch shapes of the decode kernels: dynamic shared memory and split-K choices.
+
+use super::MAX_SPLITS;
+
+/// Dynamic shared memory of `gemv_a8` for width `cols`: x in f32, x in int8, and per 128-column
+/// group four lane sums and a scale.
+pub(crate) fn gemv_a8_smem(cols: usize) -> usize {
+    cols * 4 + cols + (cols / 128) * 20
+}
+
+/// Rows per block of `gemv_mma` (kernels/gemv_mma.cu `GMMA_ROWS`).
+pub(crate) const GEMV_MMA_ROWS: usize = 128;
+
+/// Dynamic shared memory of `gemv_mma`: as the f32 tiled GEMV's, then the B fragments of x for
+/// the block's `groups` 128-column groups (512 bytes each).
+pub(crate) fn gemv_mma_smem(cols: usize, norms: bool, groups: usize) -> usize {
+    gemv_smem(cols, false, norms) + groups * 512
+}
+
+/// Dynamic shared memory of the tiled GEMVs (kernels/gemv.cu `gemv_cst_offset`): x (for
+/// `gemv_a8` also its int8 copy, 16-byte aligned), then with `norms` (a residual or input norm
+/// in the prologue) three more vectors: the residual input and both norm weights.
+pub(crate) fn gemv_smem(cols: usize, a8: bool, norms: bool) -> usize {
+    let base = if a8 {
+        gemv_a8_smem(cols).next_multiple_of(16)
+    } else {
+        cols * 4
+    };
+    base + if norms { 3 * cols * 4 } else { 0 }
+}
+
+/// Dynamic shared memory of `attn_split_tile` for head dim `hd`: K and V rows of one 32-key tile.
+pub(crate) fn attn_tile_smem(hd: usize) -> usize {
+    2 * 32 * hd * 4
+}
+
+/// Launch shape of the single-kernel step (kernels/step.cu).
+pub(crate) struct StepConfig {
+    pub(crate) kernel: &'static str,
+    pub(crate) grid: usize,
+    pub(crate) smem: usize,
+    pub(crate) x_floats: usize,
+    /// Warps of the whole grid (the GEMV work is dealt out over them).
+    pub(crate) warps: usize,
+}
+
+/// K splits of a GEMV in the single-kernel step, whose `warps` each take items (octet, split) in
+/// turn: the split that minimizes the busiest warp's work (units, plus ~2 units' worth per item
+/// for its reduction and store, plus the consumer's extra partial reads), never an empty split.
+pub(crate) fn step_splits(rows: usize, units: usize, warps: usize) -> usize {
+    let octets = rows.div_ceil(8).max(1);
+    let mut best = (usize::MAX, 1);
+    for s in 1..=MAX_SPLITS.min(units.max(1)) {
+        let per = units.div_ceil(s);
+        if (s - 1) * per >= units {
+            continue;
+        }
+        let cost = (octets * s).div_ceil(warps) * (per + 2) * 4 + s;
+        if cost < best.0 {
+            best = (cost, s);
+        }
+    }
+    best.1
+}
+
+/// Warps per SM the split-K choice aims at: 32 for int4, 16 for bf16 (H200, E4B shapes:
+/// int4 316.7 / 330.3 / 334.2 tok/s at 16 / 24 / 32, bf16 230.1 / 229.9 / 222.9; an int4 row
+/// carries a quarter of the bytes, so it takes more warps to keep as many in flight).
+/// HAYAI_GEMV_WARPS_PER_SM overrides both, for measurements.
+pub(crate) fn gemv_warps_per_sm(int4: bool) -> usize {
+    std::env::var("HAYAI_GEMV_WARPS_PER_SM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&w: &usize| (1..=64).contains(&w))
+        .unwrap_or(if int4 { 32 } else { 16 })
+}
+
+/// Split-K factor: enough warps to fill the GPU, never under 4 units (16-byte loads per lane)
+/// per split. Every block recomputes the GEMV prologue, so more blocks than the GPU holds at
+/// once cost more than they gain (measured: forcing one load batch per lane ran slower).
+pub(crate) fn splits_for(rows: usize, units: usize, sm_count: usize, warps_per_sm: usize) -> usize {
+    let warps = rows.div_ceil(8).max(1);
+    let want = (sm_count * warps_per_sm).div_ceil(warps);
+    want.clamp(1, MAX_SPLITS).min((units / 4).max(1))
+}
