@@ -283,3 +283,85 @@ pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A launch of a GEMV-like kernel (no GPU needed: it is never run).
+    fn launch(reads: [(u64, usize); 2], prefetchable: bool) -> Launch {
+        let p = GemvParams::default();
+        let n = std::mem::size_of::<GemvParams>().div_ceil(8);
+        let mut params = vec![0u64; n];
+        // SAFETY: GemvParams is plain #[repr(C)] data, copied into a buffer at least as large.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &p as *const GemvParams as *const u8,
+                params.as_mut_ptr() as *mut u8,
+                std::mem::size_of::<GemvParams>(),
+            );
+        }
+        Launch {
+            label: "test",
+            kernel: "gemv",
+            func: std::ptr::null_mut(),
+            grid: (1, 1, 1),
+            block: 256,
+            smem: 0,
+            params,
+            pdl: false,
+            reads,
+            prefetch_at: prefetchable.then_some(std::mem::offset_of!(GemvParams, pf)),
+        }
+    }
+
+    fn prefetch_of(l: &Launch) -> L2Prefetch {
+        let mut pf = L2Prefetch::default();
+        let at = std::mem::offset_of!(GemvParams, pf);
+        // SAFETY: reads back the L2Prefetch that set_prefetch wrote at the same offset.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (l.params.as_ptr() as *const u8).add(at),
+                &mut pf as *mut L2Prefetch as *mut u8,
+                std::mem::size_of::<L2Prefetch>(),
+            );
+        }
+        pf
+    }
+
+    #[test]
+    fn each_launch_prefetches_the_weights_of_the_nth_weighted_launch_after_it() {
+        let big = L2_PREFETCH_MAX + 1;
+        let mk = || {
+            vec![
+                launch([(0x1000, 100), (0x2000, 10)], true), // 0: weighted
+                launch([(0, 0), (0, 0)], true),              // 1: no weights (attention-like)
+                launch([(0x3000, 300), (0, 0)], true),       // 2: weighted
+                launch([(0x4000, big), (0, 0)], true),       // 3: too large to prefetch
+                launch([(0x5000, 500), (0, 0)], false),      // 4: kernel takes no prefetch
+            ]
+        };
+        let mut plan = mk();
+        link_prefetches(&mut plan, 1);
+        let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
+        assert_eq!((pf[0].p, pf[0].bytes), ([0x3000, 0], [300, 0]));
+        assert_eq!((pf[1].p, pf[1].bytes), ([0x3000, 0], [300, 0]));
+        // Launch 2's next weighted launch is over the limit: nothing.
+        assert_eq!(pf[2].p, [0, 0]);
+        assert_eq!((pf[3].p, pf[3].bytes), ([0x5000, 0], [500, 0]));
+        // Launch 4 is last and takes no prefetch anyway.
+        assert_eq!(pf[4].p, [0, 0]);
+
+        // Two ahead: launch 0 and 1 would take launch 3 (too large), launch 2 takes launch 4.
+        let mut plan = mk();
+        link_prefetches(&mut plan, 2);
+        let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
+        assert_eq!(pf[0].p, [0, 0]);
+        assert_eq!(pf[1].p, [0, 0]);
+        assert_eq!((pf[2].p, pf[2].bytes), ([0x5000, 0], [500, 0]));
+        assert_eq!(pf[3].p, [0, 0]);
+        let mut plan = mk();
+        link_prefetches(&mut plan, 0);
+        assert!(plan.iter().map(prefetch_of).all(|p| p.p == [0, 0]));
+    }
+}
