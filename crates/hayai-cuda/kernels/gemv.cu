@@ -362,7 +362,9 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
 
 // Split-K epilogue of the last block of a row tile (rows [r0, r0 + n), n <= blockDim.x, n a
 // multiple of 32): adds the partials in split order into out_final; with `glu` the tile's
-// interleaved (gate, up) rows become gelu(gate) * up at out_final[row / 2].
+// interleaved (gate, up) rows become gelu(gate) * up at out_final[row / 2]. Used by gemv_mma;
+// gemv_tiled keeps its GLU-free copy of the same sum so the default kernel's code stays the one
+// measured (2026-11-30) until a GPU run covers the change.
 __device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, int n) {
     if (threadIdx.x >= n) return;
     const int r = r0 + threadIdx.x;

@@ -823,9 +823,9 @@ impl CudaRunner {
         if self.tc_gemv && m.int4 {
             // gemv_mma: 16 rows per warp, 80 registers (3 blocks per SM); aim at two blocks'
             // worth so the grid stays within one wave. Not yet measured.
-            return splits_for(m.rows.div_ceil(2), units, sm, 16);
+            return splits_for(m.rows.div_ceil(16), units, sm, 16);
         }
-        splits_for(m.rows, units, sm, gemv_warps_per_sm(m.int4))
+        splits_for(m.rows.div_ceil(8), units, sm, gemv_warps_per_sm(m.int4))
     }
 
     /// Resident 256-thread blocks of `kernel` per SM with `smem` bytes of dynamic shared memory.
@@ -1480,12 +1480,13 @@ mod tests {
     fn splits_fill_the_gpu_without_tiny_slices() {
         // E4B down projection, int4: 2560 rows, 80 groups.
         for w in [16, 32] {
-            let s = splits_for(2560, 80, 132, w);
+            // 2560 rows: 320 warps of 8 rows.
+            let s = splits_for(320, 80, 132, w);
             assert!((4..=16).contains(&s));
             // lm_head-like: plenty of rows, no split.
-            assert_eq!(splits_for(262_144, 20, 132, w), 1);
+            assert_eq!(splits_for(262_144 / 8, 20, 132, w), 1);
             // Narrow input: never below 4 groups per slice.
-            assert_eq!(splits_for(2560, 2, 132, w), 1);
+            assert_eq!(splits_for(320, 2, 132, w), 1);
         }
     }
 }

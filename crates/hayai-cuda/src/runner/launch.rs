@@ -163,6 +163,43 @@ pub(crate) struct Launch {
     pub(crate) prefetch_at: Option<usize>,
 }
 
+/// Copies the bytes of `v` (plain #[repr(C)] data) into a parameter block at byte offset `at`.
+fn write_param<T: Copy>(params: &mut [u64], at: usize, v: &T) {
+    let n = std::mem::size_of::<T>();
+    assert!(
+        at + n <= params.len() * 8,
+        "parameter write out of the block"
+    );
+    // SAFETY: bounds checked above; T is plain data, so its bytes are its value.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            v as *const T as *const u8,
+            (params.as_mut_ptr() as *mut u8).add(at),
+            n,
+        );
+    }
+}
+
+/// The `T` at byte offset `at` of a parameter block (plain #[repr(C)] data).
+#[cfg(test)]
+fn read_param<T: Copy + Default>(params: &[u64], at: usize) -> T {
+    let n = std::mem::size_of::<T>();
+    assert!(
+        at + n <= params.len() * 8,
+        "parameter read out of the block"
+    );
+    let mut v = T::default();
+    // SAFETY: bounds checked above; T is plain data, any bytes written by write_param are valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (params.as_ptr() as *const u8).add(at),
+            &mut v as *mut T as *mut u8,
+            n,
+        );
+    }
+    v
+}
+
 impl Launch {
     pub(crate) fn new<P: Copy>(
         gpu: &Gpu,
@@ -173,16 +210,8 @@ impl Launch {
         smem: u32,
         p: &P,
     ) -> Launch {
-        let n = std::mem::size_of::<P>().div_ceil(8);
-        let mut params = vec![0u64; n];
-        // SAFETY: P is a plain #[repr(C)] struct of integers; copying its bytes is exact.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                p as *const P as *const u8,
-                params.as_mut_ptr() as *mut u8,
-                std::mem::size_of::<P>(),
-            );
-        }
+        let mut params = vec![0u64; std::mem::size_of::<P>().div_ceil(8)];
+        write_param(&mut params, 0, p);
         Launch {
             label,
             kernel,
@@ -199,15 +228,7 @@ impl Launch {
 
     pub(crate) fn set_prefetch(&mut self, pf: L2Prefetch) {
         if let Some(at) = self.prefetch_at {
-            // SAFETY: `at` is the offset of an L2Prefetch inside the parameter struct this block
-            // was copied from, so the write stays inside `params` and matches the kernel.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    &pf as *const L2Prefetch as *const u8,
-                    (self.params.as_mut_ptr() as *mut u8).add(at),
-                    std::mem::size_of::<L2Prefetch>(),
-                );
-            }
+            write_param(&mut self.params, at, &pf);
         }
     }
 
@@ -290,17 +311,8 @@ mod tests {
 
     /// A launch of a GEMV-like kernel (no GPU needed: it is never run).
     fn launch(reads: [(u64, usize); 2], prefetchable: bool) -> Launch {
-        let p = GemvParams::default();
-        let n = std::mem::size_of::<GemvParams>().div_ceil(8);
-        let mut params = vec![0u64; n];
-        // SAFETY: GemvParams is plain #[repr(C)] data, copied into a buffer at least as large.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                &p as *const GemvParams as *const u8,
-                params.as_mut_ptr() as *mut u8,
-                std::mem::size_of::<GemvParams>(),
-            );
-        }
+        let mut params = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
+        write_param(&mut params, 0, &GemvParams::default());
         Launch {
             label: "test",
             kernel: "gemv",
@@ -316,17 +328,7 @@ mod tests {
     }
 
     fn prefetch_of(l: &Launch) -> L2Prefetch {
-        let mut pf = L2Prefetch::default();
-        let at = std::mem::offset_of!(GemvParams, pf);
-        // SAFETY: reads back the L2Prefetch that set_prefetch wrote at the same offset.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (l.params.as_ptr() as *const u8).add(at),
-                &mut pf as *mut L2Prefetch as *mut u8,
-                std::mem::size_of::<L2Prefetch>(),
-            );
-        }
-        pf
+        read_param(&l.params, std::mem::offset_of!(GemvParams, pf))
     }
 
     #[test]

@@ -75,11 +75,16 @@ pub(crate) fn gemv_warps_per_sm(int4: bool) -> usize {
         .unwrap_or(if int4 { 32 } else { 16 })
 }
 
-/// Split-K factor: enough warps to fill the GPU, never under 4 units (16-byte loads per lane)
-/// per split. Every block recomputes the GEMV prologue, so more blocks than the GPU holds at
-/// once cost more than they gain (measured: forcing one load batch per lane ran slower).
-pub(crate) fn splits_for(rows: usize, units: usize, sm_count: usize, warps_per_sm: usize) -> usize {
-    let warps = rows.div_ceil(8).max(1);
-    let want = (sm_count * warps_per_sm).div_ceil(warps);
+/// Split-K factor for a GEMV whose rows take `warps` warps: enough warps to fill the GPU, never
+/// under 4 units (16-byte loads per lane) per split. Every block recomputes the GEMV prologue, so
+/// more blocks than the GPU holds at once cost more than they gain (measured: forcing one load
+/// batch per lane ran slower).
+pub(crate) fn splits_for(
+    warps: usize,
+    units: usize,
+    sm_count: usize,
+    warps_per_sm: usize,
+) -> usize {
+    let want = (sm_count * warps_per_sm).div_ceil(warps.max(1));
     want.clamp(1, MAX_SPLITS).min((units / 4).max(1))
 }

@@ -81,6 +81,14 @@ fn int8_group(g: &mut [f32]) {
     }
 }
 
+/// Rows of `cols` values, each `group` of a row int8-quantized and dequantized in place.
+fn int8_rows(mut xs: Vec<f32>, cols: usize, group: usize) -> Vec<f32> {
+    xs.par_chunks_mut(cols.max(1)).for_each(|row| {
+        row.chunks_mut(group.max(1)).for_each(int8_group);
+    });
+    xs
+}
+
 /// `v` moved one unit in the last place, away from or towards zero by a hash of `i` (zero and
 /// non-finite values unchanged).
 fn nudge(v: f32, i: usize) -> f32 {
@@ -100,16 +108,10 @@ fn nudge(v: f32, i: usize) -> f32 {
 fn rounded(xs: &[f32], cols: usize, inputs: MatmulInputs) -> Cow<'_, [f32]> {
     match inputs {
         MatmulInputs::F32 => Cow::Borrowed(xs),
-        MatmulInputs::Int8 { group } => {
-            let mut out = xs.to_vec();
-            out.par_chunks_mut(cols.max(1)).for_each(|row| {
-                row.chunks_mut(group.max(1)).for_each(int8_group);
-            });
-            Cow::Owned(out)
-        }
+        MatmulInputs::Int8 { group } => Cow::Owned(int8_rows(xs.to_vec(), cols, group)),
         MatmulInputs::Int8Nudged { group } => {
-            let nudged: Vec<f32> = xs.iter().enumerate().map(|(i, &v)| nudge(v, i)).collect();
-            Cow::Owned(rounded(&nudged, cols, MatmulInputs::Int8 { group }).into_owned())
+            let nudged = xs.iter().enumerate().map(|(i, &v)| nudge(v, i)).collect();
+            Cow::Owned(int8_rows(nudged, cols, group))
         }
         _ => Cow::Owned(xs.par_iter().map(|&v| inputs.apply(v)).collect()),
     }
