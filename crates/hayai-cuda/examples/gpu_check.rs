@@ -109,6 +109,19 @@ fn main() {
                 );
                 check(name, ok, line);
             }
+            // The int4 GEMV on CUDA cores (the tiled default is on tensor cores).
+            let o = CudaOptions {
+                tensor_core_gemv: false,
+                ..opts(Quant::Int4, false)
+            };
+            {
+                let (ok, line) = parity_verdict(
+                    parity(&m, &o, &p, 300),
+                    1e-4,
+                    "tiled cuda-cores ".to_string(),
+                );
+                check(name, ok, line);
+            }
             // Programmatic dependent launch off (the cases above run with it on sm_90+).
             let o = CudaOptions {
                 pdl: false,
@@ -214,6 +227,21 @@ fn main() {
                     0,
                 ),
                 "tensor cores: graph replay == eager launches".to_string(),
+            );
+            check(name, ok, line);
+            // Pulling each GEMV's own weights into L2 first is only a hint.
+            let (ok, line) = verdict(
+                same_results(
+                    &m,
+                    &tc(false),
+                    &CudaOptions {
+                        l2_prefetch_own: true,
+                        ..tc(false)
+                    },
+                    &p[..8],
+                    100,
+                ),
+                "tensor cores: own-weight L2 prefetch == without".to_string(),
             );
             check(name, ok, line);
         }
@@ -494,8 +522,9 @@ fn main() {
         }
     }
     if want("bench-tc") {
+        // The tiled int4 GEMV on CUDA cores (the default runs on tensor cores).
         runs.push(CudaOptions {
-            tensor_core_gemv: true,
+            tensor_core_gemv: false,
             ..opts(Quant::Int4, false)
         });
     }

@@ -19,7 +19,6 @@
 #include "common.cuh"
 
 #define GMMA_ROWS 128  // 8 warps x 16 rows
-#define GMMA_U 2       // groups in flight per lane (two 16-byte loads each)
 
 // Column (within its group) of nibble k of word u of lane chunk c (gemv.cu's int4 layout).
 __device__ __forceinline__ int gmma_col(int u, int k, int c) {
@@ -58,8 +57,10 @@ __device__ __forceinline__ uint32_t gmma_pair(uint32_t w, uint32_t magic) {
     return *(const uint32_t*)&q;
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvParams p) {
-    extern __shared__ float xs[];
+// GMMA_U: groups in flight per lane (two 16-byte loads each); the order of additions is the
+// same for every U, so results are too.
+template <int GMMA_U>
+__device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
     __shared__ float red[32];
     __shared__ int last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -91,6 +92,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvPa
         }
     };
     load(u0);
+    l2_prefetch(p.pf, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
     const bool has_cst = p.res_in || p.norm_w;
     float* cst = has_cst ? xs + gemv_cst_offset(p.cols, false) : nullptr;
     if (cst) gemv_constants_async(p, cst);
@@ -163,4 +165,15 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvPa
     __threadfence();
     gemv_reduce_splits(p, blockIdx.x * GMMA_ROWS, GMMA_ROWS);
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_mma_tiled<2>(p, xs);
+}
+
+// Four groups in flight per lane (more bytes in flight per warp, more registers).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_u4(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_mma_tiled<4>(p, xs);
 }

@@ -79,7 +79,11 @@ impl BenchReport {
             if self.cuda.fuse_ple { "on" } else { "off" },
             if self.cuda.attn_prefetch { "on" } else { "off" },
             if self.cuda.attn_smem_tile { "shared" } else { "global" },
-            self.cuda.l2_prefetch,
+            if self.cuda.l2_prefetch_own && self.cuda.l2_prefetch == 0 {
+                "own".to_string()
+            } else {
+                self.cuda.l2_prefetch.to_string()
+            },
             self.prompt_len,
             self.gen
         );

@@ -31,7 +31,17 @@ pub struct ParityReport {
     /// model on the CPU by themselves (the reference against itself with every matrix input
     /// nudged by one ulp, `MatmulInputs::Int8Nudged`): (rel L2, argmax mismatches).
     pub rounding_floor: Option<(f64, usize)>,
+    /// The GPU summed on tensor cores, whose f32 accumulation is not IEEE round-to-nearest
+    /// (products are aligned to the largest and truncated inside each mma): the rel-L2 tolerance
+    /// is at least [`TENSOR_CORE_TOL`], greedy tokens must still be identical.
+    pub tensor_core_sums: bool,
 }
+
+/// Smallest rel-L2 tolerance for tensor-core sums against a sequential f32 reference. Measured
+/// on the H200 (2026-11-30): `gemv_mma` sits 12-14x further from its twin than the CUDA-core
+/// GEMV on both small models (1.0e-4 vs 9.1e-6 Gemma 4, 8.7e-6 vs 6.2e-7 Gemma 3) — a constant
+/// factor, as a systematic accumulation difference gives; a layout or fragment error gives O(1).
+pub const TENSOR_CORE_TOL: f64 = 1e-3;
 
 impl ParityReport {
     /// From every prompt logit row of both sides and the greedy tokens each generated.
@@ -58,6 +68,7 @@ impl ParityReport {
                 .take_while(|(a, b)| a == b)
                 .count(),
             rounding_floor: None,
+            tensor_core_sums: false,
         }
     }
 
@@ -65,6 +76,11 @@ impl ParityReport {
     /// (int8 activations) turns last-bit differences into whole rounding flips — within twice
     /// what those flips do by themselves (`rounding_floor`) plus one argmax flip.
     pub fn agrees(&self, tol: f64) -> bool {
+        let tol = if self.tensor_core_sums {
+            tol.max(TENSOR_CORE_TOL)
+        } else {
+            tol
+        };
         let tight = self.rel_l2 < tol && self.greedy_identical();
         tight
             || within_floor(
@@ -82,6 +98,7 @@ impl ParityReport {
             Some((rel, mism)) => {
                 format!(" (one-ulp nudges alone, CPU: rel_l2 {rel:.2e} argmax-mismatch {mism})")
             }
+            None if self.tensor_core_sums => " (tensor-core sums)".to_string(),
             None => String::new(),
         };
         format!(
@@ -271,7 +288,12 @@ pub fn prefill_parity(
     let mut first = 0u32;
     gpu.forward(prompt, Rows::Last, &mut |_, l| first = argmax(l))?;
     let n = prompt.len();
-    twin.set_matmul_inputs(MatmulInputs::F32);
+    // The decode step's GEMVs: f32 inputs, or a bf16 pair on tensor cores.
+    twin.set_matmul_inputs(if opts.uses_tensor_cores() {
+        MatmulInputs::Bf16Pair
+    } else {
+        MatmulInputs::F32
+    });
     let mut cfirst = 0u32;
     twin.truncate(n.saturating_sub(1));
     twin.forward(&prompt[n.saturating_sub(1)..], Rows::Last, &mut |_, l| {
@@ -315,8 +337,9 @@ pub fn parity(
         },
     )?;
     let mut cpu = CpuRunner::new(reference.clone())?;
-    let int8 = opts.int8_activations && !opts.tensor_core_gemv && quant == Quant::Int4;
-    if opts.tensor_core_gemv && quant == Quant::Int4 {
+    let int8 = opts.uses_int8_activations();
+    let tc = opts.uses_tensor_cores();
+    if tc {
         // The tensor-core GEMV multiplies x as a bf16 pair: so does its reference.
         cpu.set_matmul_inputs(MatmulInputs::Bf16Pair);
     } else if int8 {
@@ -329,6 +352,7 @@ pub fn parity(
     let gs = greedy(&mut gpu, first, steps)?;
     let cs = greedy(&mut cpu, first, steps)?;
     let mut r = ParityReport::new(quant, &g, &c, steps, &gs, &cs);
+    r.tensor_core_sums = tc;
     if int8 {
         r.rounding_floor = Some(int8_rounding_floor(reference, prompt, 128)?);
     }

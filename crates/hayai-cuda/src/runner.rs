@@ -260,6 +260,8 @@ pub struct CudaRunner {
     tc_gemv: bool,
     /// See [`CudaOptions::l2_prefetch`].
     l2_prefetch: usize,
+    /// See [`CudaOptions::l2_prefetch_own`].
+    l2_prefetch_own: bool,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
     attn_tile_dims: Vec<usize>,
     /// The single-kernel step's launch shape, when it is in use.
@@ -481,7 +483,7 @@ impl CudaRunner {
             gpu.set_max_dynamic_smem("gemv_pair", smem)?;
             gpu.set_max_dynamic_smem("gemv_u8", smem)?;
         }
-        if opts.tensor_core_gemv {
+        if opts.uses_tensor_cores() {
             let mma =
                 gemv_mma_smem(max_cols, false, max_cols / 128).max(gemv_mma_smem(h, true, h / 128));
             if mma > gpu.max_smem_optin()? {
@@ -491,9 +493,10 @@ impl CudaRunner {
             }
             if mma > 48 * 1024 - 256 {
                 gpu.set_max_dynamic_smem("gemv_mma", mma)?;
+                gpu.set_max_dynamic_smem("gemv_mma_u4", mma)?;
             }
         }
-        if opts.int8_activations {
+        if opts.uses_int8_activations() {
             let a8 = gemv_smem(max_cols, true, false).max(gemv_smem(h, true, true));
             if a8 > gpu.max_smem_optin()? {
                 return Err(CudaError::Unsupported(format!(
@@ -531,9 +534,10 @@ impl CudaRunner {
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             attn_prefetch: opts.attn_prefetch,
             attn_tile_dims: Vec::new(),
-            int8_act: opts.int8_activations,
-            tc_gemv: opts.tensor_core_gemv,
+            int8_act: opts.uses_int8_activations(),
+            tc_gemv: opts.uses_tensor_cores(),
             l2_prefetch: opts.l2_prefetch,
+            l2_prefetch_own: opts.l2_prefetch_own,
             step_kernel: None,
             step_profile: None,
             step_bufs: Vec::new(),
@@ -561,7 +565,7 @@ impl CudaRunner {
             r.attn_tile_dims = dims;
         }
         r.plan = r.build_plan(sm)?;
-        link_prefetches(&mut r.plan, r.l2_prefetch);
+        link_prefetches(&mut r.plan, r.l2_prefetch, r.l2_prefetch_own);
         if r.step_kernel.is_some() {
             r.plan = vec![r.step_launch()?];
         }
@@ -775,7 +779,7 @@ impl CudaRunner {
             Launch::new(
                 &self.gpu,
                 label,
-                "gemv_mma",
+                gemv_mma_kernel(),
                 grid,
                 256,
                 gemv_mma_smem(m.cols, norms, per) as u32,
@@ -821,9 +825,7 @@ impl CudaRunner {
                 .min((units / 4).max(1));
         }
         if self.tc_gemv && m.int4 {
-            // gemv_mma: 16 rows per warp, 80 registers (3 blocks per SM); aim at two blocks'
-            // worth so the grid stays within one wave. Not yet measured.
-            return splits_for(m.rows.div_ceil(16), units, sm, 16);
+            return splits_for(m.rows.div_ceil(16), units, sm, gemv_mma_warps_per_sm());
         }
         splits_for(m.rows.div_ceil(8), units, sm, gemv_warps_per_sm(m.int4))
     }

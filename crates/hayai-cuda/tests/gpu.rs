@@ -67,6 +67,12 @@ fn small_gemma4_int4_matches_cpu_int4() {
     for persistent in [true, false] {
         assert_parity(&m, &opts(Quant::Int4, persistent), 24, 300, 1e-4);
     }
+    // The tiled GEMV on CUDA cores (the default runs on tensor cores).
+    let o = CudaOptions {
+        tensor_core_gemv: false,
+        ..opts(Quant::Int4, false)
+    };
+    assert_parity(&m, &o, 24, 300, 1e-4);
 }
 
 #[test]
@@ -175,8 +181,8 @@ fn real_gemma3_270m_batched_prefill_matches_cpu() {
 }
 
 /// On a GPU: the fused per-layer-embedding GEMVs (one launch, grid barrier) and the tiled GEMV
-/// with 8 loads in flight give bit-identical logits and greedy tokens to the default kernels, for
-/// both GEMV kernels and quantizations.
+/// with 8 loads in flight give bit-identical logits and greedy tokens to the CUDA-core kernels,
+/// for both GEMV kernels and quantizations.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn decode_variants_are_bit_identical() {
@@ -185,7 +191,10 @@ fn decode_variants_are_bit_identical() {
     let p = prompt(32, m.spec.vocab);
     for persistent in [false, true] {
         for q in [Quant::Bf16, Quant::Int4] {
-            let o = opts(q, persistent);
+            let o = CudaOptions {
+                tensor_core_gemv: false,
+                ..opts(q, persistent)
+            };
             let f = CudaOptions {
                 fuse_ple: true,
                 ..o.clone()
@@ -288,10 +297,11 @@ fn tensor_core_gemv_matches_its_cpu_reference() {
     require_gpu();
     for (arch, seed) in [(Arch::Gemma4, 13), (Arch::Gemma3, 14)] {
         let m = random_model(&small_spec(arch), seed);
-        let o = CudaOptions {
-            tensor_core_gemv: true,
-            ..opts(Quant::Int4, false)
-        };
+        let o = opts(Quant::Int4, false);
+        assert!(
+            o.uses_tensor_cores(),
+            "the int4 default runs on tensor cores"
+        );
         assert_parity(&m, &o, 24, 300, 1e-4);
     }
 }

@@ -657,12 +657,16 @@ pub struct GpuVariantArgs {
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
-    /// int4 GEMVs on tensor cores (activations as a bf16 pair).
+    /// int4 GEMVs on CUDA cores (f32 activations) instead of tensor cores (bf16-pair
+    /// activations, the default).
     #[arg(long)]
-    pub tc_gemv: bool,
+    pub no_tc_gemv: bool,
     /// Every decode kernel pulls the weights of the N-th GEMV after it into L2 (0: off).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub l2_prefetch: usize,
+    /// Every decode GEMV pulls its own weights into L2 before waiting for the previous kernel.
+    #[arg(long)]
+    pub l2_prefetch_own: bool,
 }
 
 impl GpuVariantArgs {
@@ -677,8 +681,9 @@ impl GpuVariantArgs {
             single_kernel: self.single_kernel,
             attn_smem_tile: self.attn_tile,
             int8_activations: self.int8_activations,
-            tensor_core_gemv: self.tc_gemv,
+            tensor_core_gemv: !self.no_tc_gemv,
             l2_prefetch: self.l2_prefetch,
+            l2_prefetch_own: self.l2_prefetch_own,
             ..o
         }
     }

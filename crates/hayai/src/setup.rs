@@ -117,7 +117,7 @@ pub fn bench_engine(
     };
     if !use_cuda && variant != crate::local::GpuVariantArgs::default() {
         anyhow::bail!(
-            "decode-kernel variants (--no-pdl, --persistent-gemv, --tc-gemv, ...) apply to the CUDA backend only (use --device cuda on a machine with a GPU)"
+            "decode-kernel variants (--no-pdl, --persistent-gemv, --no-tc-gemv, ...) apply to the CUDA backend only (use --device cuda on a machine with a GPU)"
         );
     }
     if use_cuda {

@@ -241,7 +241,7 @@ fn malformed_inputs_fail_clearly() {
             &m,
             "--device",
             "cpu",
-            "--tc-gemv",
+            "--no-tc-gemv",
         ]),
         None,
     );

@@ -283,17 +283,26 @@ impl Launch {
 pub(crate) const L2_PREFETCH_MAX: usize = 32 << 20;
 
 /// Points every launch that takes an `L2Prefetch` at the weights of the `ahead`-th launch after
-/// it that reads weights (within the step; none for `ahead` 0).
-pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize) {
-    if ahead == 0 {
+/// it that reads weights (within the step), or with `ahead` 0 and `own`, every weighted launch at
+/// its own weights (none for `ahead` 0 without `own`).
+pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize, own: bool) {
+    if ahead == 0 && !own {
         return;
     }
     let weighted: Vec<usize> = (0..plan.len())
         .filter(|&j| plan[j].reads[0].1 > 0)
         .collect();
     for i in 0..plan.len() {
-        let k = weighted.partition_point(|&j| j <= i) + ahead - 1;
-        let Some(&j) = weighted.get(k) else { continue };
+        let j = if ahead == 0 {
+            if plan[i].reads[0].1 == 0 {
+                continue;
+            }
+            i
+        } else {
+            let k = weighted.partition_point(|&j| j <= i) + ahead - 1;
+            let Some(&j) = weighted.get(k) else { continue };
+            j
+        };
         let r = plan[j].reads;
         if r[0].1 + r[1].1 > L2_PREFETCH_MAX {
             continue;
@@ -344,7 +353,7 @@ mod tests {
             ]
         };
         let mut plan = mk();
-        link_prefetches(&mut plan, 1);
+        link_prefetches(&mut plan, 1, false);
         let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
         assert_eq!((pf[0].p, pf[0].bytes), ([0x3000, 0], [300, 0]));
         assert_eq!((pf[1].p, pf[1].bytes), ([0x3000, 0], [300, 0]));
@@ -356,14 +365,24 @@ mod tests {
 
         // Two ahead: launch 0 and 1 would take launch 3 (too large), launch 2 takes launch 4.
         let mut plan = mk();
-        link_prefetches(&mut plan, 2);
+        link_prefetches(&mut plan, 2, false);
         let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
         assert_eq!(pf[0].p, [0, 0]);
         assert_eq!(pf[1].p, [0, 0]);
         assert_eq!((pf[2].p, pf[2].bytes), ([0x5000, 0], [500, 0]));
         assert_eq!(pf[3].p, [0, 0]);
         let mut plan = mk();
-        link_prefetches(&mut plan, 0);
+        link_prefetches(&mut plan, 0, false);
         assert!(plan.iter().map(prefetch_of).all(|p| p.p == [0, 0]));
+
+        // Own weights: every weighted launch under the limit takes its own.
+        let mut plan = mk();
+        link_prefetches(&mut plan, 0, true);
+        let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
+        assert_eq!((pf[0].p, pf[0].bytes), ([0x1000, 0x2000], [100, 10]));
+        assert_eq!(pf[1].p, [0, 0]);
+        assert_eq!((pf[2].p, pf[2].bytes), ([0x3000, 0], [300, 0]));
+        assert_eq!(pf[3].p, [0, 0]);
+        assert_eq!(pf[4].p, [0, 0]);
     }
 }

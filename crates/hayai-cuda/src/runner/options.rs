@@ -66,7 +66,9 @@ pub struct CudaOptions {
     /// int4 GEMVs on tensor cores (`gemv_mma`, kernels/gemv_mma.cu): nibble pairs turned into
     /// exact bf16 pairs, x entering as a bf16 pair (16 significant bits, relative error
     /// <= 2^-17), ~1.4 instead of ~3.4 instructions per weight. Its CPU twin is
-    /// `MatmulInputs::Bf16Pair`. Off until measured.
+    /// `MatmulInputs::Bf16Pair`. On by default (measured +15% on E4B shapes, H200); any other
+    /// GEMV variant asked for (persistent, single kernel, int8 activations, 8 loads in flight,
+    /// fused PLE) takes precedence: see [`CudaOptions::uses_tensor_cores`].
     pub tensor_core_gemv: bool,
     /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
     /// between operations, each warp streaming its share of every GEMV's weights through a
@@ -78,6 +80,10 @@ pub struct CudaOptions {
     /// DRAM streams the next matrix while the dependent chain of the current kernel runs. A
     /// hint: results unchanged.
     pub l2_prefetch: usize,
+    /// Each GEMV's blocks pull the whole matrix into L2 (split among them) before waiting for
+    /// the previous kernel, so its later weight batches hit L2 instead of each costing a DRAM
+    /// round trip (`l2_prefetch` 0 only; same 32 MB limit). A hint: results unchanged.
+    pub l2_prefetch_own: bool,
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
@@ -102,9 +108,11 @@ impl Default for CudaOptions {
             attn_prefetch: false,
             attn_smem_tile: false,
             int8_activations: false,
-            tensor_core_gemv: false,
+            // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
+            tensor_core_gemv: true,
             single_kernel: false,
             l2_prefetch: 0,
+            l2_prefetch_own: false,
             batched_prefill: true,
             precise_prefill: false,
         }
@@ -112,15 +120,32 @@ impl Default for CudaOptions {
 }
 
 impl CudaOptions {
+    /// Whether the int4 decode GEMVs run on tensor cores (`gemv_mma`): asked for, int4, and no
+    /// other GEMV variant asked for (those are explicit choices; the tensor-core one is a
+    /// default).
+    pub fn uses_tensor_cores(&self) -> bool {
+        self.tensor_core_gemv
+            && self.quant == Quant::Int4
+            && !self.uses_int8_activations()
+            && !(self.persistent_gemv || self.single_kernel || self.gemv_unroll8 || self.fuse_ple)
+    }
+
+    /// Whether the int4 decode GEMVs take int8 activations (`gemv_a8`, tiled GEMV only).
+    pub fn uses_int8_activations(&self) -> bool {
+        self.int8_activations
+            && self.quant == Quant::Int4
+            && !(self.persistent_gemv || self.single_kernel)
+    }
+
     /// The decode GEMV in use, in words (benchmark reports).
     pub fn gemv_name(&self) -> &'static str {
         if self.single_kernel {
             "single-kernel step"
         } else if self.persistent_gemv {
             "persistent"
-        } else if self.tensor_core_gemv && self.quant == Quant::Int4 {
+        } else if self.uses_tensor_cores() {
             "tiled, tensor cores (bf16-pair activations)"
-        } else if self.int8_activations && self.quant == Quant::Int4 {
+        } else if self.uses_int8_activations() {
             "tiled, int8 activations (DP4A)"
         } else if self.gemv_unroll8 {
             "tiled, 8 loads in flight"
@@ -133,3 +158,51 @@ impl CudaOptions {
 /// Extra ring slots of sliding layers beyond the window, so a rollback ([`Runner::truncate`]) of
 /// up to this many positions keeps the window intact.
 pub const RING_SLACK: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_cores_are_the_int4_default_and_yield_to_explicit_variants() {
+        let o = CudaOptions::default();
+        assert!(o.uses_tensor_cores());
+        assert_eq!(o.gemv_name(), "tiled, tensor cores (bf16-pair activations)");
+        let bf16 = CudaOptions {
+            quant: Quant::Bf16,
+            ..o.clone()
+        };
+        assert!(!bf16.uses_tensor_cores());
+        let a8 = CudaOptions {
+            int8_activations: true,
+            ..o.clone()
+        };
+        assert!(!a8.uses_tensor_cores() && a8.uses_int8_activations());
+        for v in [
+            CudaOptions {
+                persistent_gemv: true,
+                ..o.clone()
+            },
+            CudaOptions {
+                single_kernel: true,
+                ..o.clone()
+            },
+            CudaOptions {
+                gemv_unroll8: true,
+                ..o.clone()
+            },
+            CudaOptions {
+                fuse_ple: true,
+                ..o.clone()
+            },
+        ] {
+            assert!(!v.uses_tensor_cores(), "{}", v.gemv_name());
+        }
+        let cuda_cores = CudaOptions {
+            tensor_core_gemv: false,
+            ..o
+        };
+        assert!(!cuda_cores.uses_tensor_cores());
+        assert_eq!(cuda_cores.gemv_name(), "tiled");
+    }
+}

@@ -68,11 +68,29 @@ pub(crate) fn step_splits(rows: usize, units: usize, warps: usize) -> usize {
 /// carries a quarter of the bytes, so it takes more warps to keep as many in flight).
 /// HAYAI_GEMV_WARPS_PER_SM overrides both, for measurements.
 pub(crate) fn gemv_warps_per_sm(int4: bool) -> usize {
-    std::env::var("HAYAI_GEMV_WARPS_PER_SM")
+    warps_per_sm_env("HAYAI_GEMV_WARPS_PER_SM").unwrap_or(if int4 { 32 } else { 16 })
+}
+
+/// Split-K target of `gemv_mma` (16 rows per warp, 80 registers: 3 blocks per SM): two blocks'
+/// worth keeps the grid within one wave. `HAYAI_MMA_WARPS_PER_SM` overrides it (measurements).
+pub(crate) fn gemv_mma_warps_per_sm() -> usize {
+    warps_per_sm_env("HAYAI_MMA_WARPS_PER_SM").unwrap_or(16)
+}
+
+/// The `gemv_mma` instance: two groups in flight per lane, or four with `HAYAI_MMA_U=4`
+/// (measurements).
+pub(crate) fn gemv_mma_kernel() -> &'static str {
+    match std::env::var("HAYAI_MMA_U").as_deref() {
+        Ok("4") => "gemv_mma_u4",
+        _ => "gemv_mma",
+    }
+}
+
+fn warps_per_sm_env(var: &str) -> Option<usize> {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&w: &usize| (1..=64).contains(&w))
-        .unwrap_or(if int4 { 32 } else { 16 })
 }
 
 /// Split-K factor for a GEMV whose rows take `warps` warps: enough warps to fill the GPU, never
