@@ -5,8 +5,10 @@
 # Here:   scripts/gpu-session.sh prepare
 #   -> .gpu/hayai, .gpu/gpu-tests, .gpu/tok-gemma3.gguf (needs it already: scripts/extract-tokenizer-gguf.py),
 #      target/release/examples/gpu_check, .m0/part .. .m4/part (the real 270M GGUF in 51 MB parts).
-# There:  carry .m0 .. .m4 one per call (each call must come within the machine's idle window so
-#         earlier parts survive), then carry .gpu and target/release/examples/gpu_check and run
+# There:  carry .m0 .. .m3 one per call (each call must come within the machine's idle window so
+#         earlier parts survive), then carry .m4 with .gpu/hayai.gz .gpu/gpu-tests.gz .gpu/model.md5
+#         (64 MiB per call) for `run real demo ppl`; without the model, carry .gpu and
+#         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all): checks tc fuse single prefill real bench demo ppl
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
@@ -26,6 +28,8 @@ prepare() {
   cp "$t" .gpu/gpu-tests
   cp target/release/hayai .gpu/hayai
   strip .gpu/hayai .gpu/gpu-tests target/release/examples/gpu_check 2>/dev/null || true
+  # Compressed copies: the last model part fits beside the binaries in one carry only so.
+  gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
   local model
   model=$(target/release/hayai fetch-model | tail -1)
@@ -41,6 +45,10 @@ run() {
   mkdir -p "$out"
   export HAYAI_QUIET=1
   local G=/tmp/gemma-3-270m-q4_k_m.gguf
+  local b
+  for b in hayai gpu-tests; do
+    [ -x ".gpu/$b" ] || [ ! -f ".gpu/$b.gz" ] || { gunzip -c ".gpu/$b.gz" > ".gpu/$b" && chmod +x ".gpu/$b"; }
+  done
   local want=("$@")
   [ ${#want[@]} -eq 0 ] && want=(checks tc fuse single prefill real bench demo ppl)
   has() { local w; for w in "${want[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }

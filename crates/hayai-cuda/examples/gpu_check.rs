@@ -244,6 +244,21 @@ fn main() {
                 "tensor cores: own-weight L2 prefetch == without".to_string(),
             );
             check(name, ok, line);
+            // The shared-memory weight ring: the same products in the same order.
+            let (ok, line) = verdict(
+                same_results(
+                    &m,
+                    &tc(false),
+                    &CudaOptions {
+                        tensor_core_ring: true,
+                        ..tc(false)
+                    },
+                    &p,
+                    300,
+                ),
+                "tensor cores: cp.async weight ring == register pipeline".to_string(),
+            );
+            check(name, ok, line);
         }
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);

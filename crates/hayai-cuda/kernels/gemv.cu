@@ -98,7 +98,9 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // gemv_constants_async has begun copying the norm weights before the wait; the residual input is
 // then read in the same pass as the input partials, so the prologue waits on one memory round
 // trip instead of three.
-template <bool STEP = false>
+// PENDING: cp.async groups committed after the constants' that may stay in flight (a caller's
+// own weight copies).
+template <bool STEP = false, int PENDING = 0>
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store,
                               unsigned long long* stamps = nullptr, int j0 = 0, int j1 = -1,
                               float* cst = nullptr) {
@@ -177,7 +179,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
         ss_res += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     if (STEP) stamp_at(stamps, 1);
-    if (cst) cp_async_wait<0>();  // the norm weights (block_sum's barrier publishes them)
+    if (cst) cp_async_wait<PENDING>();  // the norm weights (block_sum's barrier publishes them)
     const int n = p.cols;
     const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
     const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);

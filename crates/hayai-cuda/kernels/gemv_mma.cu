@@ -57,6 +57,61 @@ __device__ __forceinline__ uint32_t gmma_pair(uint32_t w, uint32_t magic) {
     return *(const uint32_t*)&q;
 }
 
+// One group's products of a warp's 16 rows: (row g, row g + 8) sums of lane (g, c = 0), hi and
+// lo columns added; `ca`/`cb` are this lane's 16 bytes of rows g and g + 8, `f` the group's B
+// fragments for this lane.
+__device__ __forceinline__ float2 gemv_mma_group(const uint4 ca, const uint4 cb, const uint2* f,
+                                                 int g, uint32_t magic) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t wa4[4] = {ca.x, ca.y, ca.z, ca.w};
+    const uint32_t wb4[4] = {cb.x, cb.y, cb.z, cb.w};
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const int u = s >> 1, sh = 8 * (s & 1);  // 4 k0
+        const uint32_t a[4] = {gmma_pair(wa4[u] >> sh, magic), gmma_pair(wb4[u] >> sh, magic),
+                               gmma_pair(wa4[u] >> (sh + 4), magic),
+                               gmma_pair(wb4[u] >> (sh + 4), magic)};
+        uint2 bv = make_uint2(0u, 0u);
+        if (g < 2) bv = f[s * 8];
+        const uint32_t b[2] = {bv.x, bv.y};
+        mma_bf16(d, a, b);
+    }
+    // Columns 0 (hi) and 1 (lo) live in lanes c = 0.
+    return make_float2(d[0] + d[1], d[2] + d[3]);
+}
+
+// Rows ra, rb's sums (lanes c = 0) to `out`: GeGLU'd when unsplit, else as split partials that
+// the last block of the row tile adds up.
+__device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc_a, float acc_b,
+                                                  int ra, int rb, int g, int c, int* last) {
+    const bool va = ra < p.rows, vb = rb < p.rows;
+    if (p.glu && p.splits == 1) {
+        // Interleaved (gate, up) rows: gate 2i in lane 4g (g even), up 2i + 1 in lane 4g + 4.
+        const float up_a = __shfl_down_sync(HAYAI_FULL_MASK, acc_a, 4);
+        const float up_b = __shfl_down_sync(HAYAI_FULL_MASK, acc_b, 4);
+        if (c == 0 && (g & 1) == 0) {
+            if (va) p.out[ra >> 1] = gelu_tanh(acc_a) * up_a;
+            if (vb) p.out[rb >> 1] = gelu_tanh(acc_b) * up_b;
+        }
+        return;
+    }
+    const int s = blockIdx.y;
+    if (c == 0) {
+        if (va) p.out[(size_t)s * p.rows + ra] = acc_a;
+        if (vb) p.out[(size_t)s * p.rows + rb] = acc_b;
+    }
+    if (p.splits == 1) return;
+    // Split-K: the last block of this row tile adds the partials in split order.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *last = atomicAdd(p.counters + blockIdx.x, 1) == p.splits - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    gemv_reduce_splits(p, blockIdx.x * GMMA_ROWS, GMMA_ROWS);
+    if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
 // GMMA_U: groups in flight per lane (two 16-byte loads each); the order of additions is the
 // same for every U, so results are too.
 template <int GMMA_U>
@@ -120,51 +175,12 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
 #pragma unroll
         for (int k = 0; k < GMMA_U; k++) {
             if (g0 + k >= u1) break;
-            const uint2* f = fr + (g0 + k - u0) * 64 + 2 * c + g;
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
-            const uint32_t wa4[4] = {ca[k].x, ca[k].y, ca[k].z, ca[k].w};
-            const uint32_t wb4[4] = {cb[k].x, cb[k].y, cb[k].z, cb[k].w};
-#pragma unroll
-            for (int s = 0; s < 8; s++) {
-                const int u = s >> 1, sh = 8 * (s & 1);  // 4 k0
-                const uint32_t a[4] = {gmma_pair(wa4[u] >> sh, magic), gmma_pair(wb4[u] >> sh, magic),
-                                       gmma_pair(wa4[u] >> (sh + 4), magic),
-                                       gmma_pair(wb4[u] >> (sh + 4), magic)};
-                uint2 bv = make_uint2(0u, 0u);
-                if (g < 2) bv = f[s * 8];
-                const uint32_t b[2] = {bv.x, bv.y};
-                mma_bf16(d, a, b);
-            }
-            // Columns 0 (hi) and 1 (lo) live in lanes c = 0.
-            acc_a = fmaf(d[0] + d[1], __uint_as_float(csa[k] << 16), acc_a);
-            acc_b = fmaf(d[2] + d[3], __uint_as_float(csb[k] << 16), acc_b);
+            const float2 d = gemv_mma_group(ca[k], cb[k], fr + (g0 + k - u0) * 64 + 2 * c + g, g, magic);
+            acc_a = fmaf(d.x, __uint_as_float(csa[k] << 16), acc_a);
+            acc_b = fmaf(d.y, __uint_as_float(csb[k] << 16), acc_b);
         }
     }
-    if (p.glu && p.splits == 1) {
-        // Interleaved (gate, up) rows: gate 2i in lane 4g (g even), up 2i + 1 in lane 4g + 4.
-        const float up_a = __shfl_down_sync(HAYAI_FULL_MASK, acc_a, 4);
-        const float up_b = __shfl_down_sync(HAYAI_FULL_MASK, acc_b, 4);
-        if (c == 0 && (g & 1) == 0) {
-            if (va) p.out[ra >> 1] = gelu_tanh(acc_a) * up_a;
-            if (vb) p.out[rb >> 1] = gelu_tanh(acc_b) * up_b;
-        }
-        return;
-    }
-    const int s = blockIdx.y;
-    if (c == 0) {
-        if (va) p.out[(size_t)s * p.rows + ra] = acc_a;
-        if (vb) p.out[(size_t)s * p.rows + rb] = acc_b;
-    }
-    if (p.splits == 1) return;
-    // Split-K: the last block of this row tile adds the partials in split order.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(p.counters + blockIdx.x, 1) == p.splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    gemv_reduce_splits(p, blockIdx.x * GMMA_ROWS, GMMA_ROWS);
-    if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvParams p) {
@@ -176,4 +192,96 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvPa
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_u4(const GemvParams p) {
     extern __shared__ float xs[];
     gemv_mma_tiled<4>(p, xs);
+}
+
+// The same products with the weights streamed through a per-thread ring of GMMA_RING stages in
+// shared memory (cp.async, GMMA_RING_U groups per stage) instead of registers: registers cap
+// the bytes a register pipeline keeps in flight near what DRAM latency needs at full bandwidth
+// (~50 KB per SM), shared memory does not (2 blocks per SM x 48 KB here). Every stage is
+// requested before the wait for the previous kernel; each thread reads back only what it copied
+// itself, so the ring needs no barrier. Group scales go to shared memory before the wait too.
+// Shared memory after gemv_mma's: [128 rows][per] scales, then the ring
+// [GMMA_RING][GMMA_RING_U][2 rows][256 threads] x 16 bytes (runner/shapes.rs sizes the same).
+#define GMMA_RING 3
+#define GMMA_RING_U 2
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_ring(const GemvParams p) {
+    constexpr int S = GMMA_RING, U = GMMA_RING_U;
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    __shared__ int last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int rbase = blockIdx.x * GMMA_ROWS;
+    const int ra = rbase + warp * 16 + g, rb = ra + 8;
+    const bool va = ra < p.rows, vb = rb < p.rows;
+    const int units = p.cols >> 7;
+    const int per = (units + p.splits - 1) / p.splits;
+    const int u0 = blockIdx.y * per, u1 = min(units, u0 + per);
+    const size_t rbytes = (size_t)(p.cols >> 1);
+    const uint4* wa = (const uint4*)((const uint8_t*)p.w + (size_t)(va ? ra : 0) * rbytes) + c;
+    const uint4* wb = (const uint4*)((const uint8_t*)p.w + (size_t)(vb ? rb : 0) * rbytes) + c;
+
+    const bool has_cst = p.res_in || p.norm_w;
+    float* cst = has_cst ? xs + gemv_cst_offset(p.cols, false) : nullptr;
+    uint2* fr = (uint2*)(xs + gemv_cst_offset(p.cols, false) + (has_cst ? 3 * p.cols : 0));
+    uint16_t* ssc = (uint16_t*)(fr + per * 64);
+    uint4* ring = (uint4*)(ssc + GMMA_ROWS * per);
+    // The constants' copy group first: the prologue waits for it with the S ring stages pending.
+    if (cst) gemv_constants_async(p, cst);
+    auto issue = [&](int st, int gb) {
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            if (gb + k < u1) {
+                uint4* d = ring + (st * U + k) * 2 * GEMV_THREADS + threadIdx.x;
+                cp_async16(d, wa + (size_t)(gb + k) * 4);
+                cp_async16(d + GEMV_THREADS, wb + (size_t)(gb + k) * 4);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < S; st++) issue(st, u0 + st * U);
+    for (int i = threadIdx.x; i < GMMA_ROWS * per; i += GEMV_THREADS) {
+        const int r = rbase + i / per, gi = u0 + i % per;
+        ssc[i] = r < p.rows && gi < u1 ? p.scales[(size_t)r * units + gi] : (uint16_t)0;
+    }
+    l2_prefetch(p.pf, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
+
+    pdl_wait();
+    pdl_launch_dependents();
+    if (cst) {
+        gemv_prologue<false, S>(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
+    } else {
+        gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, nullptr);
+    }
+    gemv_mma_fragments(xs, fr, u0, u1);
+    __syncthreads();  // also publishes the scales
+
+    const uint32_t magic = 0x43004300u;
+    const uint16_t* sca = ssc + (warp * 16 + g) * per - u0;
+    const uint16_t* scb = sca + 8 * per;
+    float acc_a = 0.f, acc_b = 0.f;
+    int st = 0;
+    for (int g0 = u0; g0 < u1; g0 += U) {
+        cp_async_wait<S - 1>();  // this thread's copies of stage `st` have landed
+        uint4 ca[U], cb[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            const uint4* d = ring + (st * U + k) * 2 * GEMV_THREADS + threadIdx.x;
+            ca[k] = d[0];
+            cb[k] = d[GEMV_THREADS];
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            if (g0 + k >= u1) break;
+            const float2 d = gemv_mma_group(ca[k], cb[k], fr + (g0 + k - u0) * 64 + 2 * c + g, g, magic);
+            acc_a = fmaf(d.x, __uint_as_float((uint32_t)sca[g0 + k] << 16), acc_a);
+            acc_b = fmaf(d.y, __uint_as_float((uint32_t)scb[g0 + k] << 16), acc_b);
+        }
+        // The slot just read (its values are consumed above) takes the stage S ahead.
+        issue(st, g0 + S * U);
+        st = st + 1 == S ? 0 : st + 1;
+    }
+    cp_async_wait<0>();
+    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last);
 }

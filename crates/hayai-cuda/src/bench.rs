@@ -8,7 +8,7 @@ use std::time::Instant;
 use hayai_model::{Model, Rows, Runner};
 
 use crate::device::Gpu;
-use crate::runner::{BwParams, CudaOptions, CudaRunner};
+use crate::runner::{BwParams, CudaOptions, CudaRunner, OpTime};
 use crate::CudaError;
 
 #[derive(Clone, Debug)]
@@ -20,6 +20,8 @@ pub struct BenchOptions {
     /// The runner's options (quantization, device, decode-kernel variants); the benchmark sets
     /// `max_context` to what it needs and always replays the graph.
     pub cuda: CudaOptions,
+    /// Also time every operation of the step on its own (`BenchReport::ops`).
+    pub ops: bool,
 }
 
 impl Default for BenchOptions {
@@ -29,6 +31,7 @@ impl Default for BenchOptions {
             gen: 512,
             runs: 3,
             cuda: CudaOptions::default(),
+            ops: false,
         }
     }
 }
@@ -65,6 +68,10 @@ pub struct BenchReport {
     /// One eagerly launched step, by kernel label (event-timed; launch gaps included).
     pub per_kernel: Vec<KernelTime>,
     pub profiled_step_ms: f64,
+    /// With `BenchOptions::ops`: each operation's launches replayed back to back from a graph
+    /// (each streams another layer's weights, no dependency chain): µs per launch, and without
+    /// the prologue's norms where it has them.
+    pub ops: Vec<OpTime>,
 }
 
 impl BenchReport {
@@ -118,6 +125,31 @@ impl BenchReport {
                 k.ms,
                 100.0 * k.ms / self.profiled_step_ms.max(1e-9)
             );
+        }
+        if !self.ops.is_empty() {
+            let step: f64 = self.ops.iter().map(|o| o.us * o.launches as f64).sum();
+            s += &format!(
+                "per operation, alone (its launches back to back from a graph; {:.3} ms per step in all):
+",
+                step / 1e3
+            );
+            for o in &self.ops {
+                let gbs = o.bytes as f64 / o.us / 1e3;
+                let norm = match o.us_without_norm {
+                    Some(u) => format!("  without norms {u:>6.1} us"),
+                    None => String::new(),
+                };
+                s += &format!(
+                    "  {:<16} {:<12} {:>3} x {:>7.2} MB {:>7.1} us {:>6.0} GB/s {:>5.1}%{norm}\n",
+                    o.label,
+                    o.kernel,
+                    o.launches,
+                    o.bytes as f64 / 1e6,
+                    o.us,
+                    gbs,
+                    100.0 * gbs / self.measured_read_gb_s.max(1e-9)
+                );
+            }
         }
         s
     }
@@ -212,6 +244,11 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
     }
     per.sort_by(|a, b| b.ms.partial_cmp(&a.ms).unwrap());
     let profiled_step_ms = per.iter().map(|k| k.ms).sum();
+    let ops = if opts.ops {
+        r.bench_ops(5)?
+    } else {
+        Vec::new()
+    };
 
     let bw = measure_read_bw(r.gpu())?;
     let wb = r.weight_bytes_per_token();
@@ -233,5 +270,6 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         pct_of_measured: 100.0 * achieved / bw,
         per_kernel: per,
         profiled_step_ms,
+        ops,
     })
 }

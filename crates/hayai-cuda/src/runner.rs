@@ -15,11 +15,13 @@ use crate::quant::{int4_eligible, quantize_int4, to_bf16_bits};
 use crate::CudaError;
 
 mod launch;
+mod opbench;
 mod options;
 mod prefill;
 mod shapes;
 use launch::*;
 pub(crate) use launch::{BwParams, Launch};
+pub use opbench::OpTime;
 pub use options::{CudaOptions, Quant, RING_SLACK};
 pub use prefill::PREFILL_CHUNK;
 use shapes::*;
@@ -258,6 +260,8 @@ pub struct CudaRunner {
     int8_act: bool,
     /// int4 GEMVs as `gemv_mma` (tensor cores).
     tc_gemv: bool,
+    /// ... as `gemv_mma_ring` (weights through a shared-memory ring).
+    tc_ring: bool,
     /// See [`CudaOptions::l2_prefetch`].
     l2_prefetch: usize,
     /// See [`CudaOptions::l2_prefetch_own`].
@@ -495,6 +499,16 @@ impl CudaRunner {
                 gpu.set_max_dynamic_smem("gemv_mma", mma)?;
                 gpu.set_max_dynamic_smem("gemv_mma_u4", mma)?;
             }
+            if opts.tensor_core_ring {
+                let ring = gemv_mma_ring_smem(max_cols, false, max_cols / 128)
+                    .max(gemv_mma_ring_smem(h, true, h / 128));
+                if ring > gpu.max_smem_optin()? {
+                    return Err(CudaError::Unsupported(format!(
+                        "GEMV width {max_cols} with a weight ring needs more shared memory than the GPU has"
+                    )));
+                }
+                gpu.set_max_dynamic_smem("gemv_mma_ring", ring)?;
+            }
         }
         if opts.uses_int8_activations() {
             let a8 = gemv_smem(max_cols, true, false).max(gemv_smem(h, true, true));
@@ -536,6 +550,7 @@ impl CudaRunner {
             attn_tile_dims: Vec::new(),
             int8_act: opts.uses_int8_activations(),
             tc_gemv: opts.uses_tensor_cores(),
+            tc_ring: opts.uses_tensor_cores() && opts.tensor_core_ring,
             l2_prefetch: opts.l2_prefetch,
             l2_prefetch_own: opts.l2_prefetch_own,
             step_kernel: None,
@@ -776,15 +791,12 @@ impl CudaRunner {
             let grid = (m.rows.div_ceil(GEMV_MMA_ROWS) as u32, splits as u32, 1);
             let norms = p.res_in != 0 || p.norm_w != 0;
             let per = (m.cols / 128).div_ceil(splits);
-            Launch::new(
-                &self.gpu,
-                label,
-                gemv_mma_kernel(),
-                grid,
-                256,
-                gemv_mma_smem(m.cols, norms, per) as u32,
-                &p,
-            )
+            let (kernel, smem) = if self.tc_ring {
+                ("gemv_mma_ring", gemv_mma_ring_smem(m.cols, norms, per))
+            } else {
+                (gemv_mma_kernel(), gemv_mma_smem(m.cols, norms, per))
+            };
+            Launch::new(&self.gpu, label, kernel, grid, 256, smem as u32, &p)
         } else {
             let a8 = self.int8_act && m.int4;
             let norms = p.res_in != 0 || p.norm_w != 0;
@@ -823,6 +835,17 @@ impl CudaRunner {
                 .div_ceil(octets)
                 .clamp(1, MAX_SPLITS)
                 .min((units / 4).max(1));
+        }
+        if self.tc_ring && m.int4 {
+            // Two blocks per SM if this split's shared memory allows it, else what it allows.
+            let tiles = m.rows.div_ceil(GEMV_MMA_ROWS);
+            let mut splits = ring_splits(tiles, units, 2 * sm);
+            let smem = gemv_mma_ring_smem(m.cols, true, units.div_ceil(splits));
+            let blocks = self.blocks_per_sm("gemv_mma_ring", smem);
+            if blocks < 2 {
+                splits = ring_splits(tiles, units, blocks * sm);
+            }
+            return splits;
         }
         if self.tc_gemv && m.int4 {
             return splits_for(m.rows.div_ceil(16), units, sm, gemv_mma_warps_per_sm());

@@ -624,6 +624,10 @@ pub struct BenchEngineArgs {
     gen: usize,
     #[arg(long)]
     json: bool,
+    /// CUDA: also time every operation of the decode step on its own (its launches back to
+    /// back, each layer's weights from DRAM), with and without its prologue's norms.
+    #[arg(long)]
+    ops: bool,
     #[command(flatten)]
     variant: GpuVariantArgs,
 }
@@ -661,6 +665,9 @@ pub struct GpuVariantArgs {
     /// activations, the default).
     #[arg(long)]
     pub no_tc_gemv: bool,
+    /// Tensor-core GEMVs stream their weights through a cp.async ring in shared memory.
+    #[arg(long)]
+    pub tc_ring: bool,
     /// Every decode kernel pulls the weights of the N-th GEMV after it into L2 (0: off).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub l2_prefetch: usize,
@@ -682,6 +689,7 @@ impl GpuVariantArgs {
             attn_smem_tile: self.attn_tile,
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
+            tensor_core_ring: self.tc_ring,
             l2_prefetch: self.l2_prefetch,
             l2_prefetch_own: self.l2_prefetch_own,
             ..o
@@ -690,5 +698,5 @@ impl GpuVariantArgs {
 }
 
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
-    crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json, a.variant)
+    crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json, a.ops, a.variant)
 }

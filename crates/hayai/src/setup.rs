@@ -107,6 +107,7 @@ pub fn bench_engine(
     prompt_len: usize,
     gen: usize,
     as_json: bool,
+    ops: bool,
     variant: crate::local::GpuVariantArgs,
 ) -> Result<ExitCode> {
     let (name, model) = bench_model(args)?;
@@ -115,6 +116,11 @@ pub fn bench_engine(
         crate::local::Device::Cuda => true,
         crate::local::Device::Auto => gpu_available(),
     };
+    if !use_cuda && ops {
+        anyhow::bail!(
+            "--ops times the CUDA backend's kernels (use --device cuda on a machine with a GPU)"
+        );
+    }
     if !use_cuda && variant != crate::local::GpuVariantArgs::default() {
         anyhow::bail!(
             "decode-kernel variants (--no-pdl, --persistent-gemv, --no-tc-gemv, ...) apply to the CUDA backend only (use --device cuda on a machine with a GPU)"
@@ -128,6 +134,7 @@ pub fn bench_engine(
                 quant: cuda_quant(args.quant),
                 ..Default::default()
             }),
+            ops,
             ..Default::default()
         };
         let r = hayai_cuda::bench_engine(model, &opts)?;
@@ -148,6 +155,7 @@ pub fn bench_engine(
                     "achieved_gb_s": r.achieved_gb_s, "measured_read_gb_s": r.measured_read_gb_s,
                     "pct_of_measured": r.pct_of_measured,
                     "per_kernel": r.per_kernel.iter().map(|k| json!({"label": k.label, "launches": k.launches, "ms": k.ms})).collect::<Vec<_>>(),
+                    "ops": r.ops.iter().map(|o| json!({"label": o.label, "kernel": o.kernel, "launches": o.launches, "bytes": o.bytes, "us": o.us, "us_without_norm": o.us_without_norm})).collect::<Vec<_>>(),
                 })
             );
         } else {

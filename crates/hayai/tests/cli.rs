@@ -246,6 +246,11 @@ fn malformed_inputs_fail_clearly() {
         None,
     );
     fails_with(&out, "CUDA backend only");
+    let out = run(
+        hayai().args(["bench-engine", "--model", &m, "--device", "cpu", "--ops"]),
+        None,
+    );
+    fails_with(&out, "CUDA backend");
 }
 
 #[test]

@@ -146,6 +146,7 @@ pub(crate) struct StepParams {
 }
 
 /// One recorded kernel launch of the decode plan.
+#[derive(Clone)]
 pub(crate) struct Launch {
     pub label: &'static str,
     pub(crate) kernel: &'static str,
@@ -164,7 +165,7 @@ pub(crate) struct Launch {
 }
 
 /// Copies the bytes of `v` (plain #[repr(C)] data) into a parameter block at byte offset `at`.
-fn write_param<T: Copy>(params: &mut [u64], at: usize, v: &T) {
+pub(crate) fn write_param<T: Copy>(params: &mut [u64], at: usize, v: &T) {
     let n = std::mem::size_of::<T>();
     assert!(
         at + n <= params.len() * 8,
@@ -181,8 +182,7 @@ fn write_param<T: Copy>(params: &mut [u64], at: usize, v: &T) {
 }
 
 /// The `T` at byte offset `at` of a parameter block (plain #[repr(C)] data).
-#[cfg(test)]
-fn read_param<T: Copy + Default>(params: &[u64], at: usize) -> T {
+pub(crate) fn read_param<T: Copy + Default>(params: &[u64], at: usize) -> T {
     let n = std::mem::size_of::<T>();
     assert!(
         at + n <= params.len() * 8,

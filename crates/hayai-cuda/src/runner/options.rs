@@ -70,6 +70,10 @@ pub struct CudaOptions {
     /// GEMV variant asked for (persistent, single kernel, int8 activations, 8 loads in flight,
     /// fused PLE) takes precedence: see [`CudaOptions::uses_tensor_cores`].
     pub tensor_core_gemv: bool,
+    /// With tensor cores: stream the weights through a 3-stage cp.async ring in shared memory
+    /// (`gemv_mma_ring`, 6 groups ahead: 48 KB per block, 2 blocks per SM) instead of a 2-deep register
+    /// pipeline. Same products in the same order (bit-identical). Off until measured.
+    pub tensor_core_ring: bool,
     /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
     /// between operations, each warp streaming its share of every GEMV's weights through a
     /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
@@ -110,6 +114,7 @@ impl Default for CudaOptions {
             int8_activations: false,
             // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
             tensor_core_gemv: true,
+            tensor_core_ring: false,
             single_kernel: false,
             l2_prefetch: 0,
             l2_prefetch_own: false,
@@ -143,6 +148,8 @@ impl CudaOptions {
             "single-kernel step"
         } else if self.persistent_gemv {
             "persistent"
+        } else if self.uses_tensor_cores() && self.tensor_core_ring {
+            "tiled, tensor cores, cp.async ring"
         } else if self.uses_tensor_cores() {
             "tiled, tensor cores (bf16-pair activations)"
         } else if self.uses_int8_activations() {

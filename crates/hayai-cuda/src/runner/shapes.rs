@@ -17,6 +17,24 @@ pub(crate) fn gemv_mma_smem(cols: usize, norms: bool, groups: usize) -> usize {
     gemv_smem(cols, false, norms) + groups * 512
 }
 
+/// Stages x groups per stage of `gemv_mma_ring`'s weight ring (kernels/gemv_mma.cu `GMMA_RING`,
+/// `GMMA_RING_U`).
+const GEMV_MMA_RING: usize = 3 * 2;
+
+/// Dynamic shared memory of `gemv_mma_ring`: `gemv_mma`'s, the block's group scales
+/// ([128 rows][groups] bf16) and the ring (per thread and group slot, 16 bytes of two rows).
+pub(crate) fn gemv_mma_ring_smem(cols: usize, norms: bool, groups: usize) -> usize {
+    gemv_mma_smem(cols, norms, groups) + GEMV_MMA_ROWS * groups * 2 + GEMV_MMA_RING * 2 * 256 * 16
+}
+
+/// Split-K of `gemv_mma_ring` for `tiles` row tiles: as many splits as keep the grid within the
+/// blocks the GPU holds at once (`resident`), never under 4 groups per split.
+pub(crate) fn ring_splits(tiles: usize, units: usize, resident: usize) -> usize {
+    (resident / tiles.max(1))
+        .clamp(1, MAX_SPLITS)
+        .min((units / 4).max(1))
+}
+
 /// Dynamic shared memory of the tiled GEMVs (kernels/gemv.cu `gemv_cst_offset`): x (for
 /// `gemv_a8` also its int8 copy, 16-byte aligned), then with `norms` (a residual or input norm
 /// in the prologue) three more vectors: the residual input and both norm weights.
