@@ -288,14 +288,19 @@ fn main() {
     if want("fuse") {
         // gemv_pair (PLE gate + projection in one launch) against the separate launches: bit
         // for bit, both GEMV kernels, both quantizations, eager and graph; then CPU parity.
+        // Against the CUDA-core GEMV: these variants replace the tensor-core default.
         let m = random_model(&small_spec(Arch::Gemma4), 1);
         let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        let cuda_cores = |q: Quant, persistent: bool| CudaOptions {
+            tensor_core_gemv: false,
+            ..opts(q, persistent)
+        };
         for persistent in [false, true] {
             for q in [Quant::Bf16, Quant::Int4] {
                 for use_graph in [true, false] {
                     let o = CudaOptions {
                         use_graph,
-                        ..opts(q, persistent)
+                        ..cuda_cores(q, persistent)
                     };
                     let f = CudaOptions {
                         fuse_ple: true,
@@ -317,7 +322,7 @@ fn main() {
         }
         // The tiled GEMV with 8 loads in flight per lane: the same additions in the same order.
         for q in [Quant::Bf16, Quant::Int4] {
-            let o = opts(q, false);
+            let o = cuda_cores(q, false);
             let u = CudaOptions {
                 gemv_unroll8: true,
                 ..o.clone()
