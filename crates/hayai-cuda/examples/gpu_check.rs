@@ -60,6 +60,19 @@ fn parity_verdict(
     }
 }
 
+/// (passed, line) of a parity run of `o` on `m` (`prompt`, then `steps` greedy steps) held to
+/// `tol` (see `parity_verdict`).
+fn check_parity(
+    m: &hayai_model::Model,
+    o: &CudaOptions,
+    prompt: &[u32],
+    steps: usize,
+    tol: f64,
+    label: &str,
+) -> (bool, String) {
+    parity_verdict(parity(m, o, prompt, steps), tol, label.to_string())
+}
+
 /// (passed, line) of a yes/no check (bit-identity of two configurations).
 fn verdict(r: Result<bool, hayai_cuda::CudaError>, line: String) -> (bool, String) {
     match r {
@@ -115,11 +128,7 @@ fn main() {
                 ..opts(Quant::Int4, false)
             };
             {
-                let (ok, line) = parity_verdict(
-                    parity(&m, &o, &p, 300),
-                    1e-4,
-                    "tiled cuda-cores ".to_string(),
-                );
+                let (ok, line) = check_parity(&m, &o, &p, 300, 1e-4, "tiled cuda-cores ");
                 check(name, ok, line);
             }
             // Programmatic dependent launch off (the cases above run with it on sm_90+).
@@ -128,8 +137,7 @@ fn main() {
                 ..opts(Quant::Int4, false)
             };
             {
-                let (ok, line) =
-                    parity_verdict(parity(&m, &o, &p, 300), 1e-4, "tiled pdl=off ".to_string());
+                let (ok, line) = check_parity(&m, &o, &p, 300, 1e-4, "tiled pdl=off ");
                 check(name, ok, line);
             }
         }
@@ -166,8 +174,7 @@ fn main() {
                 ..opts(q, false)
             };
             {
-                let (ok, line) =
-                    parity_verdict(parity(&m, &o, &p, 8), 1e-3, "single-kernel ".to_string());
+                let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "single-kernel ");
                 check("e4b", ok, line);
             }
         }
@@ -181,11 +188,7 @@ fn main() {
                 ..opts(Quant::Int4, false)
             };
             {
-                let (ok, line) = parity_verdict(
-                    parity(&m, &o, &p, 300),
-                    1e-4,
-                    "int8 activations ".to_string(),
-                );
+                let (ok, line) = check_parity(&m, &o, &p, 300, 1e-4, "int8 activations ");
                 check(name, ok, line);
             }
         }
@@ -196,8 +199,7 @@ fn main() {
             ..opts(Quant::Int4, false)
         };
         {
-            let (ok, line) =
-                parity_verdict(parity(&m, &o, &p, 8), 1e-3, "int8 activations ".to_string());
+            let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "int8 activations ");
             check("e4b", ok, line);
         }
     }
@@ -209,64 +211,51 @@ fn main() {
             ..opts(Quant::Int4, persistent)
         };
         for (name, m, p) in small_models(32) {
-            let (ok, line) = parity_verdict(
-                parity(&m, &tc(false), &p, 300),
-                1e-4,
-                "tensor cores ".to_string(),
-            );
+            let (ok, line) = check_parity(&m, &tc(false), &p, 300, 1e-4, "tensor cores ");
             check(name, ok, line);
-            let (ok, line) = verdict(
-                same_results(
-                    &m,
-                    &tc(false),
-                    &CudaOptions {
+            // Variants that must give the same bits: graph replay vs eager launches, each
+            // GEMV pulling its own weights into L2 first (a hint), the shared-memory weight
+            // ring (the same products in the same order). (variant, prompt tokens, steps)
+            let same = [
+                (
+                    CudaOptions {
                         use_graph: false,
                         ..tc(false)
                     },
-                    &p[..8],
+                    8,
                     0,
+                    "graph replay == eager launches",
                 ),
-                "tensor cores: graph replay == eager launches".to_string(),
-            );
-            check(name, ok, line);
-            // Pulling each GEMV's own weights into L2 first is only a hint.
-            let (ok, line) = verdict(
-                same_results(
-                    &m,
-                    &tc(false),
-                    &CudaOptions {
+                (
+                    CudaOptions {
                         l2_prefetch_own: true,
                         ..tc(false)
                     },
-                    &p[..8],
+                    8,
                     100,
+                    "own-weight L2 prefetch == without",
                 ),
-                "tensor cores: own-weight L2 prefetch == without".to_string(),
-            );
-            check(name, ok, line);
-            // The shared-memory weight ring: the same products in the same order.
-            let (ok, line) = verdict(
-                same_results(
-                    &m,
-                    &tc(false),
-                    &CudaOptions {
+                (
+                    CudaOptions {
                         tensor_core_ring: true,
                         ..tc(false)
                     },
-                    &p,
+                    p.len(),
                     300,
+                    "cp.async weight ring == register pipeline",
                 ),
-                "tensor cores: cp.async weight ring == register pipeline".to_string(),
-            );
-            check(name, ok, line);
+            ];
+            for (o, n, steps, what) in same {
+                let (ok, line) = verdict(
+                    same_results(&m, &tc(false), &o, &p[..n], steps),
+                    format!("tensor cores: {what}"),
+                );
+                check(name, ok, line);
+            }
         }
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let (ok, line) = parity_verdict(
-            parity(&m, &tc(false), &p, 8),
-            1e-3,
-            "tensor cores ".to_string(),
-        );
+        let (ok, line) = check_parity(&m, &tc(false), &p, 8, 1e-3, "tensor cores ");
         check("e4b", ok, line);
     }
     if want("e4b-parity") {
@@ -279,8 +268,7 @@ fn main() {
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
         for (q, steps) in [(Quant::Bf16, 8), (Quant::Int4, 8)] {
             let t = Instant::now();
-            let (ok, line) =
-                parity_verdict(parity(&m, &opts(q, true), &p, steps), 1e-3, String::new());
+            let (ok, line) = check_parity(&m, &opts(q, true), &p, steps, 1e-3, "");
             check("e4b", ok, line);
             println!("  ({:.1} s)", t.elapsed().as_secs_f64());
         }
@@ -393,8 +381,7 @@ fn main() {
             ..opts(Quant::Int4, false)
         };
         {
-            let (ok, line) =
-                parity_verdict(parity(&m, &o, &p, 300), 1e-4, "fused PLE ".to_string());
+            let (ok, line) = check_parity(&m, &o, &p, 300, 1e-4, "fused PLE ");
             check("small-gemma4", ok, line);
         }
     }

@@ -112,23 +112,43 @@ __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
+// What one lane of a gemv_mma block works on: rows ra = r0 + g and rb = ra + 8 of its warp's
+// 16 (invalid rows read row 0 and are not stored), this lane's 16-byte chunk c of each row per
+// group, and the block's K split: groups [u0, u1) of `units`.
+struct GmmaLane {
+    int g, c, ra, rb, units, per, u0, u1;
+    bool va, vb;
+    const uint4* wa;
+    const uint4* wb;
+    __device__ __forceinline__ GmmaLane(const GemvParams& p) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        g = lane >> 2;
+        c = lane & 3;
+        ra = blockIdx.x * GMMA_ROWS + warp * 16 + g;
+        rb = ra + 8;
+        va = ra < p.rows;
+        vb = rb < p.rows;
+        units = p.cols >> 7;
+        per = (units + p.splits - 1) / p.splits;
+        u0 = blockIdx.y * per;
+        u1 = min(units, u0 + per);
+        const size_t rbytes = (size_t)(p.cols >> 1);
+        wa = (const uint4*)((const uint8_t*)p.w + (size_t)(va ? ra : 0) * rbytes) + c;
+        wb = (const uint4*)((const uint8_t*)p.w + (size_t)(vb ? rb : 0) * rbytes) + c;
+    }
+};
+
 // GMMA_U: groups in flight per lane (two 16-byte loads each); the order of additions is the
 // same for every U, so results are too.
 template <int GMMA_U>
 __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
     __shared__ float red[32];
     __shared__ int last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, c = lane & 3;
-    const int r0 = blockIdx.x * GMMA_ROWS + warp * 16;
-    const int ra = r0 + g, rb = r0 + g + 8;
-    const bool va = ra < p.rows, vb = rb < p.rows;
-    const int units = p.cols >> 7;
-    const int per = (units + p.splits - 1) / p.splits;
-    const int u0 = blockIdx.y * per, u1 = min(units, u0 + per);
-    const size_t rbytes = (size_t)(p.cols >> 1);
-    const uint4* wa = (const uint4*)((const uint8_t*)p.w + (size_t)(va ? ra : 0) * rbytes) + c;
-    const uint4* wb = (const uint4*)((const uint8_t*)p.w + (size_t)(vb ? rb : 0) * rbytes) + c;
+    const GmmaLane L(p);
+    const int g = L.g, c = L.c, ra = L.ra, rb = L.rb, units = L.units, u0 = L.u0, u1 = L.u1;
+    const bool va = L.va, vb = L.vb;
+    const uint4* wa = L.wa;
+    const uint4* wb = L.wb;
     const uint16_t* sa = p.scales + (size_t)(va ? ra : 0) * units;
     const uint16_t* sb = p.scales + (size_t)(vb ? rb : 0) * units;
 
@@ -209,17 +229,12 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_ring(const G
     extern __shared__ float xs[];
     __shared__ float red[32];
     __shared__ int last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, c = lane & 3;
-    const int rbase = blockIdx.x * GMMA_ROWS;
-    const int ra = rbase + warp * 16 + g, rb = ra + 8;
-    const bool va = ra < p.rows, vb = rb < p.rows;
-    const int units = p.cols >> 7;
-    const int per = (units + p.splits - 1) / p.splits;
-    const int u0 = blockIdx.y * per, u1 = min(units, u0 + per);
-    const size_t rbytes = (size_t)(p.cols >> 1);
-    const uint4* wa = (const uint4*)((const uint8_t*)p.w + (size_t)(va ? ra : 0) * rbytes) + c;
-    const uint4* wb = (const uint4*)((const uint8_t*)p.w + (size_t)(vb ? rb : 0) * rbytes) + c;
+    const GmmaLane L(p);
+    const int g = L.g, c = L.c, ra = L.ra, rb = L.rb, units = L.units, per = L.per, u0 = L.u0,
+              u1 = L.u1;
+    const uint4* wa = L.wa;
+    const uint4* wb = L.wb;
+    const int warp = threadIdx.x >> 5, rbase = blockIdx.x * GMMA_ROWS;
 
     const bool has_cst = p.res_in || p.norm_w;
     float* cst = has_cst ? xs + gemv_cst_offset(p.cols, false) : nullptr;

@@ -1243,23 +1243,7 @@ impl CudaRunner {
         if !self.use_graph || self.graph.is_some() {
             return Ok(());
         }
-        let st = &self.gpu.stream;
-        st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .map_err(drv)?;
-        let mut res = Ok(());
-        for l in &self.plan {
-            if let Err(e) = l.run(&self.gpu) {
-                res = Err(e);
-                break;
-            }
-        }
-        let g = st
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(drv)?;
-        res?;
-        let g = g.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
-        g.upload().map_err(drv)?;
-        self.graph = Some(g);
+        self.graph = Some(capture_graph(&self.gpu, &self.plan)?);
         Ok(())
     }
 

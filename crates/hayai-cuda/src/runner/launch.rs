@@ -181,6 +181,31 @@ pub(crate) fn write_param<T: Copy>(params: &mut [u64], at: usize, v: &T) {
     }
 }
 
+/// `launches` captured from the GPU's stream into an instantiated, uploaded CUDA graph.
+pub(crate) fn capture_graph<'a>(
+    gpu: &Gpu,
+    launches: impl IntoIterator<Item = &'a Launch>,
+) -> Result<cudarc::driver::CudaGraph, CudaError> {
+    let st = &gpu.stream;
+    st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .map_err(drv)?;
+    let mut res = Ok(());
+    for l in launches {
+        if let Err(e) = l.run(gpu) {
+            res = Err(e);
+            break;
+        }
+    }
+    // The capture is ended whatever happened, so the stream is usable again.
+    let g = st
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .map_err(drv)?;
+    res?;
+    let g = g.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+    g.upload().map_err(drv)?;
+    Ok(g)
+}
+
 /// The `T` at byte offset `at` of a parameter block (plain #[repr(C)] data).
 pub(crate) fn read_param<T: Copy + Default>(params: &[u64], at: usize) -> T {
     let n = std::mem::size_of::<T>();

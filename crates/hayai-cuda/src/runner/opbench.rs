@@ -6,9 +6,7 @@
 
 use std::time::Instant;
 
-use cudarc::driver::sys;
-
-use super::launch::{read_param, write_param, GemvParams, Launch};
+use super::launch::{capture_graph, read_param, write_param, GemvParams, Launch};
 use super::CudaRunner;
 use crate::device::drv;
 use crate::CudaError;
@@ -73,24 +71,7 @@ impl CudaRunner {
     /// Microseconds per launch of `ls` replayed `reps` times from one graph (best of 5 replays
     /// after a warm-up).
     fn time_launches(&self, ls: &[Launch], reps: usize) -> Result<f64, CudaError> {
-        let st = &self.gpu.stream;
-        st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .map_err(drv)?;
-        let mut res = Ok(());
-        'outer: for _ in 0..reps.max(1) {
-            for l in ls {
-                if let Err(e) = l.run(&self.gpu) {
-                    res = Err(e);
-                    break 'outer;
-                }
-            }
-        }
-        let g = st
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(drv)?;
-        res?;
-        let g = g.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
-        g.upload().map_err(drv)?;
+        let g = capture_graph(&self.gpu, (0..reps.max(1)).flat_map(|_| ls.iter()))?;
         let mut best = f64::INFINITY;
         for i in 0..6 {
             let t = Instant::now();
