@@ -1,8 +1,9 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [fuse] [single] [a8] [e4b-parity] [prefill] [prefill-e4b] [prefill-bench]
-//!        [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile] [bench-a8] [bench-single]
-//!        [bench-bf16] [bench-bf16-tiled] (default: all)
+//! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [hd] [e4b-parity] [prefill] [prefill-e4b]
+//!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
+//!        [bench-a8] [bench-pf] [bench-tc] [bench-hd] [bench-single] [bench-bf16] [bench-bf16-tiled]
+//!        (default: all)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -258,6 +259,22 @@ fn main() {
         let (ok, line) = check_parity(&m, &tc(false), &p, 8, 1e-3, "tensor cores ");
         check("e4b", ok, line);
     }
+    if want("hd") {
+        // Attention compiled for head dims 256 and 512 (E4B's sliding and global layers)
+        // against the run-time kernel: bit for bit.
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        let o = opts(Quant::Int4, false);
+        let hd = CudaOptions {
+            attn_by_head_dim: true,
+            ..o.clone()
+        };
+        let (ok, line) = verdict(
+            same_results(&m, &o, &hd, &p, 8),
+            "attention by head dim == run-time head dim (256, 512): bit-identical".to_string(),
+        );
+        check("e4b", ok, line);
+    }
     if want("e4b-parity") {
         let t = Instant::now();
         let m = random_model_bf16(&e4b_spec(), 7);
@@ -323,25 +340,30 @@ fn main() {
                 check("small-gemma4", ok, line);
             }
         }
-        // Attention with its K/V tile in shared memory: the same arithmetic, the same results
-        // (small Gemma 4 and Gemma 3: sliding ring, KV sharing, 300 steps past the wrap-around).
+        // Attention with its K/V tile in shared memory, and compiled for its head dim: the same
+        // arithmetic, the same results (small Gemma 4 and Gemma 3: sliding ring, KV sharing,
+        // 300 steps past the wrap-around; head dims 128 and 256).
         for (name, m, p) in small_models(32) {
             for q in [Quant::Bf16, Quant::Int4] {
                 let o = CudaOptions {
                     batched_prefill: false,
                     ..opts(q, false)
                 };
-                let f = CudaOptions {
+                let tile = CudaOptions {
                     attn_smem_tile: true,
                     ..o.clone()
                 };
-                {
+                let hd = CudaOptions {
+                    attn_by_head_dim: true,
+                    ..o.clone()
+                };
+                for (f, what) in [
+                    (tile, "attention tile in shared memory == global"),
+                    (hd, "attention by head dim == run-time head dim"),
+                ] {
                     let (ok, line) = verdict(
                         same_results(&m, &o, &f, &p, 300),
-                        format!(
-                            "attention tile in shared memory == global ({}): bit-identical",
-                            q.name()
-                        ),
+                        format!("{what} ({}): bit-identical", q.name()),
                     );
                     check(name, ok, line);
                 }
@@ -527,6 +549,12 @@ fn main() {
                 ..opts(quant, false)
             });
         }
+    }
+    if want("bench-hd") {
+        runs.push(CudaOptions {
+            attn_by_head_dim: true,
+            ..opts(Quant::Int4, false)
+        });
     }
     if want("bench-tc") {
         // The tiled int4 GEMV on CUDA cores (the default runs on tensor cores).

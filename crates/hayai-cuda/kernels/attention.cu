@@ -50,7 +50,7 @@ struct AttnSmem {
     int is_last;
 };
 
-template <class G>
+template <class G, int NVT = 0>
 __device__ void attn_combine_head(const AttnParams& p, int h, int splits, AttnSmem& sm, G g);
 
 // Pull the first K/V tile of split s of head h into L2 (a hint; see AttnParams::prefetch).
@@ -115,10 +115,12 @@ __device__ void attn_tile_copy(const AttnParams& p, int s, int h, float* kt, flo
 }
 
 // Split s of head h, run by the 128 threads of `g` (see attn_split). KU keys per warp are
-// loaded together in the q.k phase, VU in the p.V phase (fewer: fewer registers). With kt/vt
+// loaded together in the q.k phase, VU in the p.V phase (fewer: fewer registers). NVT: the head
+// dim / 128 when known at compile time (0: p.hd at run time); the same arithmetic either way,
+// without the guards and predicated-off lanes of the dims a head does not have. With kt/vt
 // set, the split's keys and values are in shared memory already (attn_tile_copy; the caller
 // has not waited for the copies yet), else they are read from the cache.
-template <class G, int KU = 4, int VU = 8>
+template <class G, int KU = 4, int VU = 8, int NVT = 0>
 __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                           unsigned long long* stamps = nullptr, const float* kt = nullptr,
                           const float* vt = nullptr, const float* cw = nullptr) {
@@ -136,38 +138,39 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
     const int chunk = (n_keys + splits - 1) / splits;
     const int k0 = s * chunk, k1 = min(n_keys, k0 + chunk);
     const int g = h / (p.nh / p.nkv);
-    const int nv = p.hd >> 7;  // float4s per lane for the q.k dot
-    const float* K = p.k_cache + (size_t)g * p.cap * p.hd;
-    const float* V = p.v_cache + (size_t)g * p.cap * p.hd;
+    const int hd = NVT ? NVT * 128 : p.hd;
+    const int nv = hd >> 7;  // float4s per lane for the q.k dot
+    const float* K = p.k_cache + (size_t)g * p.cap * hd;
+    const float* V = p.v_cache + (size_t)g * p.cap * hd;
 
     // Does this block hold the newest key, computed here rather than read from the cache?
     const bool fresh = p.qkv && p.own_kv && k1 == n_keys && k0 < k1;
-    const float* qsrc = p.q + (size_t)h * p.hd;
+    const float* qsrc = p.q + (size_t)h * hd;
     if (p.qkv) {
         // Norm weights and RoPE frequencies from `cw` when the caller staged them there
         // (attn_stage_constants), else from global memory.
         const float* qw = cw ? cw : p.q_norm;
         const float* kw = cw ? (p.k_norm ? cw + 512 : nullptr) : p.k_norm;
         const float* fq = cw ? cw + 1024 : p.inv_freq;
-        const HeadJob qj = {p.qkv + (size_t)h * p.hd, qs, qw, fq, true};
+        const HeadJob qj = {p.qkv + (size_t)h * hd, qs, qw, fq, true};
         qsrc = qs;
         if (fresh) {
-            const float* kv0 = p.qkv + (size_t)p.nh * p.hd;
+            const float* kv0 = p.qkv + (size_t)p.nh * hd;
             const HeadJob jobs[3] = {qj,
-                                     {kv0 + (size_t)g * p.hd, ks, kw, fq, true},
-                                     {kv0 + (size_t)(p.nkv + g) * p.hd, vs, nullptr, nullptr, p.v_norm != 0}};
-            norm_rope_heads<3>(jobs, p.qkv_splits, p.qkv_ld, p.hd, pos, p.eps, red, gr);
+                                     {kv0 + (size_t)g * hd, ks, kw, fq, true},
+                                     {kv0 + (size_t)(p.nkv + g) * hd, vs, nullptr, nullptr, p.v_norm != 0}};
+            norm_rope_heads<3>(jobs, p.qkv_splits, p.qkv_ld, hd, pos, p.eps, red, gr);
             // One block per KV head stores the new entry; the others use their own copy.
             if (h % (p.nh / p.nkv) == 0) {
-                const size_t base = (size_t)(pos % p.cap) * p.hd;
-                for (int i = t; i < p.hd; i += ATTN_THREADS) {
+                const size_t base = (size_t)(pos % p.cap) * hd;
+                for (int i = t; i < hd; i += ATTN_THREADS) {
                     ((float*)K)[base + i] = ks[i];
                     ((float*)V)[base + i] = vs[i];
                 }
             }
         } else {
             const HeadJob jobs[1] = {qj};
-            norm_rope_heads<1>(jobs, p.qkv_splits, p.qkv_ld, p.hd, pos, p.eps, red, gr);
+            norm_rope_heads<1>(jobs, p.qkv_splits, p.qkv_ld, hd, pos, p.eps, red, gr);
         }
     }
     stamp_at(stamps, 6);
@@ -197,8 +200,8 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                 slots[u] = kp % p.cap;
                 const float* kr =
                     (fresh && kp == pos ? ks
-                     : tiled            ? kt + (size_t)(t0 - k0 + min(j, nt - 1)) * p.hd
-                                        : K + (size_t)slots[u] * p.hd) +
+                     : tiled            ? kt + (size_t)(t0 - k0 + min(j, nt - 1)) * hd
+                                        : K + (size_t)slots[u] * hd) +
                     4 * lane;
 #pragma unroll
                 for (int i = 0; i < 4; i++)
@@ -252,7 +255,7 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
 #pragma unroll
             for (int u = 0; u < VU; u++) {
                 const int sl = slot_s[min(j0 + u, nt - 1)];
-                const float* vr = (sl < 0 ? vs : (tiled ? vt : V) + (size_t)sl * p.hd) + t;
+                const float* vr = (sl < 0 ? vs : (tiled ? vt : V) + (size_t)sl * hd) + t;
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     if (d < nv) vv[u][d] = vr[128 * d];
@@ -275,7 +278,7 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
     }
 #pragma unroll
     for (int d = 0; d < 4; d++)
-        if (d < nv) p.part_acc[pi * p.hd + t + 128 * d] = acc[d];
+        if (d < nv) p.part_acc[pi * hd + t + 128 * d] = acc[d];
     if (p.counters == nullptr) return;
     // The last block of this head to finish merges the splits (no separate launch).
     __threadfence();
@@ -284,7 +287,7 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
     gr.sync();
     if (!sm.is_last) return;
     __threadfence();
-    attn_combine_head(p, h, splits, sm, gr);
+    attn_combine_head<G, NVT>(p, h, splits, sm, gr);
     if (t == 0) p.counters[h] = 0;
 }
 
@@ -324,7 +327,8 @@ struct AttnConstants {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnParams p) {
+template <int NVT>
+__device__ __forceinline__ void attn_split_block(const AttnParams& p) {
     __shared__ AttnSmem sm;
     __shared__ float cw[1280];
     AttnConstants c;
@@ -334,8 +338,21 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     pdl_wait();
     pdl_launch_dependents();
     if (p.qkv) c.store(p, cw);
-    attn_item(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr, nullptr, nullptr,
-              p.qkv ? cw : nullptr);
+    attn_item<BlockThreads, 4, 8, NVT>(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr,
+                                       nullptr, nullptr, p.qkv ? cw : nullptr);
+}
+
+// Any head dim (a multiple of 128 up to 512).
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnParams p) {
+    attn_split_block<0>(p);
+}
+
+// Head dims 256 and 512 (Gemma 3; Gemma 4's sliding and global layers) compiled for their size.
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_hd256(const AttnParams p) {
+    attn_split_block<2>(p);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_hd512(const AttnParams p) {
+    attn_split_block<4>(p);
 }
 
 // attn_split with the split's K/V tile copied into shared memory (dynamic, 2 x ATTN_TILE x hd
@@ -361,10 +378,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tile(const
 
 // Merge the splits of head h (128 threads). Split weights are computed once into shared
 // memory, then every thread adds its dims over the splits with independent loads.
-template <class G>
+template <class G, int NVT>
 __device__ void attn_combine_head(const AttnParams& p, int h, int splits, AttnSmem& sm, G gr) {
     float* const wsh = sm.wsh;
-    const int t = gr.t(), nv = p.hd >> 7;
+    const int hd = NVT ? NVT * 128 : p.hd;
+    const int t = gr.t(), nv = hd >> 7;
     if (t < 32) {
         float mx = -INFINITY;
         for (int s = t; s < splits; s += 32) mx = fmaxf(mx, __ldcg(p.part_ml + 2 * ((size_t)h * p.splits + s)));
@@ -385,7 +403,7 @@ __device__ void attn_combine_head(const AttnParams& p, int h, int splits, AttnSm
 #pragma unroll 8
     for (int s = 0; s < splits; s++) {
         const float e = wsh[s];
-        const float* a = p.part_acc + ((size_t)h * p.splits + s) * p.hd + t;
+        const float* a = p.part_acc + ((size_t)h * p.splits + s) * hd + t;
 #pragma unroll
         for (int d = 0; d < 4; d++)
             if (d < nv) acc[d] = fmaf(__ldcg(a + 128 * d), e, acc[d]);
@@ -393,6 +411,6 @@ __device__ void attn_combine_head(const AttnParams& p, int h, int splits, AttnSm
     const float inv = sm.inv_l;
 #pragma unroll
     for (int d = 0; d < 4; d++)
-        if (d < nv) p.out[(size_t)h * p.hd + t + 128 * d] = acc[d] * inv;
+        if (d < nv) p.out[(size_t)h * hd + t + 128 * d] = acc[d] * inv;
 }
 

@@ -69,6 +69,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("gemv_persistent", true),
     ("gemv_pair", true),
     ("attn_split", true),
+    ("attn_split_hd256", true),
+    ("attn_split_hd512", true),
     ("attn_split_tile", true),
     ("argmax_stage1", true),
     ("argmax_stage2", true),

@@ -256,6 +256,8 @@ pub struct CudaRunner {
     /// The tiled GEMV kernel's name (`gemv` or `gemv_u8`).
     tiled_gemv: &'static str,
     attn_prefetch: bool,
+    /// See [`CudaOptions::attn_by_head_dim`].
+    attn_by_head_dim: bool,
     /// int4 GEMVs as `gemv_a8` (int8 activations).
     int8_act: bool,
     /// int4 GEMVs as `gemv_mma` (tensor cores).
@@ -547,6 +549,7 @@ impl CudaRunner {
             fuse_ple: opts.fuse_ple,
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             attn_prefetch: opts.attn_prefetch,
+            attn_by_head_dim: opts.attn_by_head_dim,
             attn_tile_dims: Vec::new(),
             int8_act: opts.uses_int8_activations(),
             tc_gemv: opts.uses_tensor_cores(),
@@ -650,7 +653,7 @@ impl CudaRunner {
             .iter()
             .map(|l| match l.kernel {
                 "gemv" => Ok(0),
-                "attn_split" => Ok(1),
+                "attn_split" | "attn_split_hd256" | "attn_split_hd512" => Ok(1),
                 "ple_combine" => Ok(2),
                 "argmax_stage1" => Ok(3),
                 "argmax_stage2" => Ok(4),
@@ -1022,6 +1025,8 @@ impl CudaRunner {
                 "attention",
                 if tile {
                     "attn_split_tile"
+                } else if self.attn_by_head_dim && self.step_kernel.is_none() {
+                    attn_kernel(ls.head_dim)
                 } else {
                     "attn_split"
                 },

@@ -261,7 +261,7 @@ fn real_gemma3_270m_single_kernel_step_matches_cpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn attention_tile_in_shared_memory_is_bit_identical() {
+fn attention_variants_are_bit_identical() {
     require_gpu();
     for (arch, seed) in [(Arch::Gemma4, 11), (Arch::Gemma3, 12)] {
         let m = random_model(&small_spec(arch), seed);
@@ -273,6 +273,12 @@ fn attention_tile_in_shared_memory_is_bit_identical() {
                 ..a.clone()
             };
             assert!(hayai_cuda::check::same_results(&m, &a, &b, &p, 300).unwrap());
+            // Compiled for the head dim (256 here; 128 falls back to the run-time kernel).
+            let c = CudaOptions {
+                attn_by_head_dim: true,
+                ..a.clone()
+            };
+            assert!(hayai_cuda::check::same_results(&m, &a, &c, &p, 300).unwrap());
         }
     }
 }

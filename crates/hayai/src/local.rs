@@ -658,6 +658,9 @@ pub struct GpuVariantArgs {
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.
     #[arg(long)]
     pub attn_tile: bool,
+    /// Decode attention compiled for head dims 256 and 512.
+    #[arg(long)]
+    pub attn_hd_kernels: bool,
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
@@ -687,6 +690,7 @@ impl GpuVariantArgs {
             attn_prefetch: self.attn_prefetch,
             single_kernel: self.single_kernel,
             attn_smem_tile: self.attn_tile,
+            attn_by_head_dim: self.attn_hd_kernels,
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
             tensor_core_ring: self.tc_ring,

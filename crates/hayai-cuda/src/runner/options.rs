@@ -58,6 +58,10 @@ pub struct CudaOptions {
     /// the previous kernel (`attn_split_tile`; same arithmetic, bit-identical results), so the
     /// cache reads overlap the QKV GEMV's tail and the query norm. Off until measured.
     pub attn_smem_tile: bool,
+    /// Decode attention compiled for the head dim (`attn_split_hd256` / `attn_split_hd512`;
+    /// 80 / 128 registers against 159): the same arithmetic without the guards and
+    /// predicated-off lanes of the dims a head does not have. Off until measured.
+    pub attn_by_head_dim: bool,
     /// int4 GEMVs with the activation quantized to int8 per 128 columns and DP4A dot products
     /// (`gemv_a8`; tiled GEMV only): ~4x fewer instructions per weight. Changes the arithmetic:
     /// its CPU reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M:
@@ -111,6 +115,7 @@ impl Default for CudaOptions {
             gemv_unroll8: false,
             attn_prefetch: false,
             attn_smem_tile: false,
+            attn_by_head_dim: false,
             int8_activations: false,
             // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
             tensor_core_gemv: true,

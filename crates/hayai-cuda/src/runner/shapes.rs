@@ -47,6 +47,16 @@ pub(crate) fn gemv_smem(cols: usize, a8: bool, norms: bool) -> usize {
     base + if norms { 3 * cols * 4 } else { 0 }
 }
 
+/// The decode attention kernel for head dim `hd`: compiled for 256 or 512 (the same arithmetic
+/// as the run-time `attn_split`, without the guards of the dims a head does not have).
+pub(crate) fn attn_kernel(hd: usize) -> &'static str {
+    match hd {
+        256 => "attn_split_hd256",
+        512 => "attn_split_hd512",
+        _ => "attn_split",
+    }
+}
+
 /// Dynamic shared memory of `attn_split_tile` for head dim `hd`: K and V rows of one 32-key tile.
 pub(crate) fn attn_tile_smem(hd: usize) -> usize {
     2 * 32 * hd * 4
