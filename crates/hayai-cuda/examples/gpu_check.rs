@@ -1,8 +1,9 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [hd] [e4b-parity] [prefill] [prefill-e4b]
+//! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [stats] [hd] [e4b-parity] [prefill] [prefill-e4b]
 //!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
-//!        [bench-a8] [bench-pf] [bench-tc] [bench-hd] [bench-single] [bench-bf16] [bench-bf16-tiled]
+//!        [bench-a8] [bench-pf] [bench-tc] [bench-stats] [bench-hd] [bench-single] [bench-bf16]
+//!        [bench-bf16-tiled]
 //!        (default: all)
 
 use std::sync::Arc;
@@ -257,6 +258,39 @@ fn main() {
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
         let (ok, line) = check_parity(&m, &tc(false), &p, 8, 1e-3, "tensor cores ");
+        check("e4b", ok, line);
+    }
+    if want("stats") {
+        // Residual norms from the producer's per-tile statistics against the CPU reference.
+        let st = || CudaOptions {
+            norm_stats: true,
+            ..opts(Quant::Int4, false)
+        };
+        for (name, m, p) in small_models(32) {
+            let (ok, line) = check_parity(&m, &st(), &p, 300, 1e-4, "norm statistics ");
+            check(name, ok, line);
+            let (ok, line) = verdict(
+                same_results(
+                    &m,
+                    &st(),
+                    &CudaOptions {
+                        use_graph: false,
+                        ..st()
+                    },
+                    &p[..8],
+                    0,
+                ),
+                "norm statistics: graph replay == eager launches".to_string(),
+            );
+            check(name, ok, line);
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        match hayai_cuda::CudaRunner::new(Arc::new(m.clone()), st()) {
+            Ok(r) => println!("e4b: {} GEMVs take norm statistics", r.norm_stat_pairs()),
+            Err(e) => check("e4b", false, e.to_string()),
+        }
+        let (ok, line) = check_parity(&m, &st(), &p, 8, 1e-3, "norm statistics ");
         check("e4b", ok, line);
     }
     if want("hd") {
@@ -549,6 +583,12 @@ fn main() {
                 ..opts(quant, false)
             });
         }
+    }
+    if want("bench-stats") {
+        runs.push(CudaOptions {
+            norm_stats: true,
+            ..opts(Quant::Int4, false)
+        });
     }
     if want("bench-hd") {
         runs.push(CudaOptions {

@@ -83,7 +83,8 @@ __device__ __forceinline__ float2 gemv_mma_group(const uint4 ca, const uint4 cb,
 // Rows ra, rb's sums (lanes c = 0) to `out`: GeGLU'd when unsplit, else as split partials that
 // the last block of the row tile adds up.
 __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc_a, float acc_b,
-                                                  int ra, int rb, int g, int c, int* last) {
+                                                  int ra, int rb, int g, int c, int* last,
+                                                  float* red) {
     const bool va = ra < p.rows, vb = rb < p.rows;
     if (p.glu && p.splits == 1) {
         // Interleaved (gate, up) rows: gate 2i in lane 4g (g even), up 2i + 1 in lane 4g + 4.
@@ -108,7 +109,7 @@ __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc
     __syncthreads();
     if (!*last) return;
     __threadfence();
-    gemv_reduce_splits(p, blockIdx.x * GMMA_ROWS, GMMA_ROWS);
+    gemv_reduce_splits(p, blockIdx.x * GMMA_ROWS, GMMA_ROWS, red);
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
@@ -175,7 +176,11 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
 
     pdl_wait();
     pdl_launch_dependents();
-    gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
+    if (p.stats_in) {
+        gemv_prologue_stats(p, xs, u0 * 32, u1 * 32, cst);
+    } else {
+        gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
+    }
     gemv_mma_fragments(xs, fr, u0, u1);
     __syncthreads();
 
@@ -200,7 +205,7 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
             acc_b = fmaf(d.y, __uint_as_float(csb[k] << 16), acc_b);
         }
     }
-    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last);
+    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last, red);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvParams p) {
@@ -298,5 +303,5 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_ring(const G
         st = st + 1 == S ? 0 : st + 1;
     }
     cp_async_wait<0>();
-    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last);
+    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last, red);
 }

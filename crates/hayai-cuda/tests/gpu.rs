@@ -311,3 +311,19 @@ fn tensor_core_gemv_matches_its_cpu_reference() {
         assert_parity(&m, &o, 24, 300, 1e-4);
     }
 }
+
+/// Residual norms from the producing GEMV's per-tile statistics (`CudaOptions::norm_stats`):
+/// the same model to the tensor-core tolerance, every greedy token identical.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norm_statistics_match_the_cpu_reference() {
+    require_gpu();
+    for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
+        let m = random_model(&small_spec(arch), seed);
+        let o = CudaOptions {
+            norm_stats: true,
+            ..opts(Quant::Int4, false)
+        };
+        assert_parity(&m, &o, 24, 300, 1e-4);
+    }
+}

@@ -671,6 +671,9 @@ pub struct GpuVariantArgs {
     /// Tensor-core GEMVs stream their weights through a cp.async ring in shared memory.
     #[arg(long)]
     pub tc_ring: bool,
+    /// Residual norms from per-tile statistics of the producing GEMV (tensor cores).
+    #[arg(long)]
+    pub norm_stats: bool,
     /// Every decode kernel pulls the weights of the N-th GEMV after it into L2 (0: off).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub l2_prefetch: usize,
@@ -694,6 +697,7 @@ impl GpuVariantArgs {
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
             tensor_core_ring: self.tc_ring,
+            norm_stats: self.norm_stats,
             l2_prefetch: self.l2_prefetch,
             l2_prefetch_own: self.l2_prefetch_own,
             ..o

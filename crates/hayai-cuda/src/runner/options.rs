@@ -78,6 +78,12 @@ pub struct CudaOptions {
     /// (`gemv_mma_ring`, 6 groups ahead: 48 KB per block, 2 blocks per SM) instead of a 2-deep register
     /// pipeline. Same products in the same order (bit-identical). Off until measured.
     pub tensor_core_ring: bool,
+    /// With tensor cores: a GEMV that adds a residual and norms it (gate/up, the PLE gate;
+    /// Gemma 3's QKV) takes the sums of squares from per-tile statistics its split producer
+    /// writes, instead of a pass over the whole vector in every block, and builds only its K
+    /// split's columns (`link_norm_stats`; the squared norm of the new residual by expansion,
+    /// equal to the direct sum up to rounding). Off until measured.
+    pub norm_stats: bool,
     /// The whole decode step as one persistent kernel (kernels/step.cu): grid-wide barriers
     /// between operations, each warp streaming its share of every GEMV's weights through a
     /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
@@ -120,6 +126,7 @@ impl Default for CudaOptions {
             // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
             tensor_core_gemv: true,
             tensor_core_ring: false,
+            norm_stats: false,
             single_kernel: false,
             l2_prefetch: 0,
             l2_prefetch_own: false,
