@@ -25,8 +25,8 @@ struct GemvParams {
     int int4;
     int in_glu;              // `in` holds interleaved (gate, up) partials: x = gelu(gate) * up
     // Norm statistics (CudaOptions::norm_stats), so a consumer with a residual norm builds only
-    // its K split's columns. The producer (a split gemv_mma) writes per row tile, from the rows
-    // its last block adds up: sum y^2, sum r y w, sum (y w)^2, sum r^2 (r = stats_r, the
+    // its K split's columns. The producer (a gemv_mma) writes per row tile, from the rows of its
+    // block (or, split, of the tile's last block): sum y^2, sum r y w, sum (y w)^2, sum r^2 (r = stats_r, the
     // consumer's residual input; w = stats_w, its residual-norm weights, null: 1). The consumer
     // adds its producer's stats_tiles tiles in order (gemv_prologue_stats).
     float* stats_out;
@@ -378,6 +378,27 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
 // interleaved (gate, up) rows become gelu(gate) * up at out_final[row / 2]. Used by gemv_mma;
 // gemv_tiled keeps its GLU-free copy of the same sum so the default kernel's code stays the one
 // measured (2026-11-30) until a GPU run covers the change.
+// This thread's share of its row tile's norm statistics (GemvParams::stats_out) for output y of
+// row r (a thread may add several rows).
+__device__ __forceinline__ void gemv_stats_add(const GemvParams& p, int r, float y, float4& acc) {
+    const float rr = p.stats_r[r];
+    const float yw = p.stats_w ? y * p.stats_w[r] : y;
+    acc.x += y * y;
+    acc.y += rr * yw;
+    acc.z += yw * yw;
+    acc.w += rr * rr;
+}
+
+// The row tile's statistics summed over the block in a fixed order, stored by thread 0 (every
+// thread of the block calls it).
+__device__ __forceinline__ void gemv_stats_store(const GemvParams& p, float4 acc, float* red) {
+    acc.x = block_sum(acc.x, red);
+    acc.y = block_sum(acc.y, red);
+    acc.z = block_sum(acc.z, red);
+    acc.w = block_sum(acc.w, red);
+    if (threadIdx.x == 0) ((float4*)p.stats_out)[blockIdx.x] = acc;
+}
+
 // With `stats_out` (the whole block calls it then) also the tile's norm statistics (see
 // GemvParams), summed over the block in a fixed order.
 __device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, int n, float* red) {
@@ -395,20 +416,9 @@ __device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, 
         p.out_final[r] = t;
     }
     if (!p.stats_out) return;
-    float a = 0.f, b = 0.f, c = 0.f, d = 0.f;
-    if (mine) {
-        const float rr = p.stats_r[r];
-        const float yw = p.stats_w ? t * p.stats_w[r] : t;
-        a = t * t;
-        b = rr * yw;
-        c = yw * yw;
-        d = rr * rr;
-    }
-    a = block_sum(a, red);
-    b = block_sum(b, red);
-    c = block_sum(c, red);
-    d = block_sum(d, red);
-    if (threadIdx.x == 0) ((float4*)p.stats_out)[blockIdx.x] = make_float4(a, b, c, d);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mine) gemv_stats_add(p, r, t, acc);
+    gemv_stats_store(p, acc, red);
 }
 
 // The prologue with its producer's norm statistics (GemvParams::stats_in): a residual input and

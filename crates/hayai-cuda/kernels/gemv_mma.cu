@@ -101,7 +101,15 @@ __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc
         if (va) p.out[(size_t)s * p.rows + ra] = acc_a;
         if (vb) p.out[(size_t)s * p.rows + rb] = acc_b;
     }
-    if (p.splits == 1) return;
+    if (p.splits == 1) {
+        if (!p.stats_out) return;
+        // Unsplit: this block holds its whole row tile (lanes c = 0, rows ra and rb).
+        float4 st = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c == 0 && va) gemv_stats_add(p, ra, acc_a, st);
+        if (c == 0 && vb) gemv_stats_add(p, rb, acc_b, st);
+        gemv_stats_store(p, st, red);
+        return;
+    }
     // Split-K: the last block of this row tile adds the partials in split order.
     __threadfence();
     __syncthreads();

@@ -190,8 +190,9 @@ pub(crate) fn write_param<T: Copy>(params: &mut [u64], at: usize, v: &T) {
 /// `GEMV_STATS_MAX_TILES`).
 pub(crate) const STATS_MAX_TILES: usize = 64;
 
-/// Links each tensor-core GEMV whose prologue adds a residual (and norms it) to the split
-/// tensor-core GEMV that produced its input: the producer's last blocks write per-tile norm
+/// Links each tensor-core GEMV whose prologue adds a residual (and norms it) to the
+/// tensor-core GEMV that produced its input: the producer's blocks (split: the last of each row
+/// tile) write per-tile norm
 /// statistics into `buf` (STATS_MAX_TILES x 4 floats), the consumer reads them instead of
 /// reducing the whole vector (`CudaOptions::norm_stats`). One buffer serves every pair: a
 /// producer writes it only after its wait for the previous kernel, so after the previous
@@ -218,7 +219,10 @@ pub(crate) fn link_norm_stats(plan: &mut [Launch], buf: u64) -> usize {
         };
         let mut q: GemvParams = read_param(&plan[j].params, 0);
         let tiles = plan[j].grid.0 as usize;
-        if q.splits < 2 || q.glu != 0 || q.out_final != c.input || q.rows != c.cols {
+        // Split: the finished vector is `out_final`; unsplit: `out`, and each block holds whole
+        // rows.
+        let output = if q.splits > 1 { q.out_final } else { q.out };
+        if q.glu != 0 || output != c.input || q.rows != c.cols {
             continue;
         }
         if tiles > STATS_MAX_TILES {
@@ -461,14 +465,20 @@ mod tests {
         assert_eq!((q.stats_out, q.stats_r, q.stats_w), (0x99, 0x30, 0x40));
         assert_eq!((c.stats_in, c.stats_tiles), (0x99, 20));
 
-        // Not linked: an unsplit producer (no reducing block), a consumer without a residual,
-        // a CUDA-core producer, a consumer whose input is a sum of partials.
+        // An unsplit producer: its blocks hold whole rows, its output is `out`.
         let unsplit = GemvParams {
             splits: 1,
             out: 0x20,
             out_final: 0,
             ..producer
         };
+        let mut plan = vec![mma("gemv_mma", unsplit, 20), mma("gemv_mma", consumer, 160)];
+        assert_eq!(link_norm_stats(&mut plan, 0x99), 1);
+        let q: GemvParams = read_param(&plan[0].params, 0);
+        assert_eq!(q.stats_out, 0x99);
+
+        // Not linked: a consumer without a residual, a CUDA-core producer, a consumer whose
+        // input is a sum of partials, a GeGLU producer.
         let no_res = GemvParams {
             res_in: 0,
             ..consumer
@@ -477,8 +487,9 @@ mod tests {
             in_splits: 3,
             ..consumer
         };
+        let glu = GemvParams { glu: 1, ..producer };
         for plan in [
-            vec![mma("gemv_mma", unsplit, 20), mma("gemv_mma", consumer, 160)],
+            vec![mma("gemv_mma", glu, 20), mma("gemv_mma", consumer, 160)],
             vec![mma("gemv_mma", producer, 20), mma("gemv_mma", no_res, 160)],
             vec![mma("gemv", producer, 40), mma("gemv_mma", consumer, 160)],
             vec![
