@@ -308,6 +308,22 @@ fn main() {
             "attention by head dim == run-time head dim (256, 512): bit-identical".to_string(),
         );
         check("e4b", ok, line);
+        // The p.V phase by warps: another summation order, so against the CPU reference.
+        let wv = |q: Quant| CudaOptions {
+            attn_by_head_dim: true,
+            attn_warp_values: true,
+            ..opts(q, false)
+        };
+        for q in [Quant::Bf16, Quant::Int4] {
+            let (ok, line) = check_parity(&m, &wv(q), &p, 8, 1e-3, "attention p.V by warps ");
+            check("e4b", ok, line);
+        }
+        for (name, m, p) in small_models(32) {
+            for q in [Quant::Bf16, Quant::Int4] {
+                let (ok, line) = check_parity(&m, &wv(q), &p, 300, 1e-4, "attention p.V by warps ");
+                check(name, ok, line);
+            }
+        }
     }
     if want("e4b-parity") {
         let t = Instant::now();
@@ -591,10 +607,13 @@ fn main() {
         });
     }
     if want("bench-hd") {
-        runs.push(CudaOptions {
-            attn_by_head_dim: true,
-            ..opts(Quant::Int4, false)
-        });
+        for attn_warp_values in [false, true] {
+            runs.push(CudaOptions {
+                attn_by_head_dim: true,
+                attn_warp_values,
+                ..opts(Quant::Int4, false)
+            });
+        }
     }
     if want("bench-tc") {
         // The tiled int4 GEMV on CUDA cores (the default runs on tensor cores).

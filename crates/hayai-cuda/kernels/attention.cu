@@ -120,10 +120,16 @@ __device__ void attn_tile_copy(const AttnParams& p, int s, int h, float* kt, flo
 // without the guards and predicated-off lanes of the dims a head does not have. With kt/vt
 // set, the split's keys and values are in shared memory already (attn_tile_copy; the caller
 // has not waited for the copies yet), else they are read from the cache.
+// With `vred` (4 x 512 floats of shared memory; not with a shared tile) the p.V phase runs by
+// warps instead of threads: warp w takes keys w, w + 4, ... and each lane its float4s of the
+// row (as the q.k phase does), then the four warps' sums are added in order — a quarter of the
+// loads, address math and predicated-off lanes per key; sums in another order than the
+// thread-per-dimension loop (same tolerance to the CPU reference).
 template <class G, int KU = 4, int VU = 8, int NVT = 0>
 __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                           unsigned long long* stamps = nullptr, const float* kt = nullptr,
-                          const float* vt = nullptr, const float* cw = nullptr) {
+                          const float* vt = nullptr, const float* cw = nullptr,
+                          float* vred = nullptr) {
     float* const sc = sm.sc;
     int* const slot_s = sm.slot_s;
     float* const qs = sm.qs;
@@ -186,6 +192,10 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
         if (i < nv) qv[i] = *(const float4*)(qsrc + 4 * lane + 128 * i);
 
     float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const bool by_warp = vred != nullptr && !tiled;
+    float4 av[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) av[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int t0 = k0; t0 < k1; t0 += ATTN_TILE) {
         const int nt = min(ATTN_TILE, k1 - t0);
         // q.k: warp w takes keys w*8 .. w*8+7 of the tile, four at a time.
@@ -248,6 +258,34 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
         const float corr = sm.tile_corr;
         m = sm.tile_m;
         l = l * corr + sm.tile_sum;
+        if (by_warp) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                av[i].x *= corr;
+                av[i].y *= corr;
+                av[i].z *= corr;
+                av[i].w *= corr;
+            }
+            for (int j = warp; j < nt; j += 4) {
+                const int sl = slot_s[j];
+                const float pj = sc[j];
+                // Warp-uniform: the fresh row from shared memory, the others from the cache.
+                const float* vr = sl < 0 ? nullptr : V + (size_t)sl * hd + 4 * lane;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if (i < nv) {
+                        const float4 v = sl < 0 ? *(const float4*)(vs + 4 * lane + 128 * i)
+                                                : *(const float4*)(vr + 128 * i);
+                        av[i].x = fmaf(pj, v.x, av[i].x);
+                        av[i].y = fmaf(pj, v.y, av[i].y);
+                        av[i].z = fmaf(pj, v.z, av[i].z);
+                        av[i].w = fmaf(pj, v.w, av[i].w);
+                    }
+                }
+            }
+            gr.sync();
+            continue;
+        }
 #pragma unroll
         for (int d = 0; d < 4; d++) acc[d] *= corr;
         for (int j0 = 0; j0 < nt; j0 += VU) {
@@ -269,6 +307,19 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
             }
         }
         gr.sync();
+    }
+    if (by_warp) {
+        // The warps' sums, added in warp order into the thread-per-dimension layout.
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (i < nv) ((float4*)(vred + warp * 512))[lane + 32 * i] = av[i];
+        gr.sync();
+#pragma unroll
+        for (int d = 0; d < 4; d++)
+            if (d < nv) {
+                const int c = t + 128 * d;
+                acc[d] = ((vred[c] + vred[512 + c]) + vred[1024 + c]) + vred[1536 + c];
+            }
     }
     stamp_at(stamps, 7);
     const size_t pi = (size_t)h * p.splits + s;
@@ -327,10 +378,11 @@ struct AttnConstants {
     }
 };
 
-template <int NVT>
+template <int NVT, bool BY_WARP = false>
 __device__ __forceinline__ void attn_split_block(const AttnParams& p) {
     __shared__ AttnSmem sm;
     __shared__ float cw[1280];
+    __shared__ __align__(16) float vred[BY_WARP ? 4 * 512 : 4];
     AttnConstants c;
     if (p.qkv) c.load(p);
     if (p.prefetch) attn_prefetch_tile(p, blockIdx.x, blockIdx.y, threadIdx.x, ATTN_THREADS);
@@ -339,7 +391,8 @@ __device__ __forceinline__ void attn_split_block(const AttnParams& p) {
     pdl_launch_dependents();
     if (p.qkv) c.store(p, cw);
     attn_item<BlockThreads, 4, 8, NVT>(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr,
-                                       nullptr, nullptr, p.qkv ? cw : nullptr);
+                                       nullptr, nullptr, p.qkv ? cw : nullptr,
+                                       BY_WARP ? vred : nullptr);
 }
 
 // Any head dim (a multiple of 128 up to 512).
@@ -353,6 +406,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_hd256(cons
 }
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_hd512(const AttnParams p) {
     attn_split_block<4>(p);
+}
+
+// The same with the p.V phase by warps (attn_item's `vred`).
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd256(const AttnParams p) {
+    attn_split_block<2, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd512(const AttnParams p) {
+    attn_split_block<4, true>(p);
 }
 
 // attn_split with the split's K/V tile copied into shared memory (dynamic, 2 x ATTN_TILE x hd

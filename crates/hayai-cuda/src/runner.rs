@@ -260,6 +260,8 @@ pub struct CudaRunner {
     attn_prefetch: bool,
     /// See [`CudaOptions::attn_by_head_dim`].
     attn_by_head_dim: bool,
+    /// See [`CudaOptions::attn_warp_values`].
+    attn_warp_values: bool,
     /// int4 GEMVs as `gemv_a8` (int8 activations).
     int8_act: bool,
     /// int4 GEMVs as `gemv_mma` (tensor cores).
@@ -555,6 +557,7 @@ impl CudaRunner {
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             attn_prefetch: opts.attn_prefetch,
             attn_by_head_dim: opts.attn_by_head_dim,
+            attn_warp_values: opts.attn_warp_values,
             attn_tile_dims: Vec::new(),
             int8_act: opts.uses_int8_activations(),
             tc_gemv: opts.uses_tensor_cores(),
@@ -663,6 +666,7 @@ impl CudaRunner {
             .map(|l| match l.kernel {
                 "gemv" => Ok(0),
                 "attn_split" | "attn_split_hd256" | "attn_split_hd512" => Ok(1),
+                "attn_split_wv_hd256" | "attn_split_wv_hd512" => Ok(1),
                 "ple_combine" => Ok(2),
                 "argmax_stage1" => Ok(3),
                 "argmax_stage2" => Ok(4),
@@ -1035,7 +1039,7 @@ impl CudaRunner {
                 if tile {
                     "attn_split_tile"
                 } else if self.attn_by_head_dim && self.step_kernel.is_none() {
-                    attn_kernel(ls.head_dim)
+                    attn_kernel(ls.head_dim, self.attn_warp_values)
                 } else {
                     "attn_split"
                 },

@@ -327,3 +327,22 @@ fn norm_statistics_match_the_cpu_reference() {
         assert_parity(&m, &o, 24, 300, 1e-4);
     }
 }
+
+/// Attention's p.V phase by warps (`CudaOptions::attn_warp_values`): another summation order,
+/// the same model to the usual tolerance, every greedy token identical.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_by_warps_matches_the_cpu_reference() {
+    require_gpu();
+    for (arch, seed) in [(Arch::Gemma4, 23), (Arch::Gemma3, 24)] {
+        let m = random_model(&small_spec(arch), seed);
+        for q in [Quant::Bf16, Quant::Int4] {
+            let o = CudaOptions {
+                attn_by_head_dim: true,
+                attn_warp_values: true,
+                ..opts(q, false)
+            };
+            assert_parity(&m, &o, 24, 300, 1e-4);
+        }
+    }
+}

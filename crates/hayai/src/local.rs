@@ -661,6 +661,9 @@ pub struct GpuVariantArgs {
     /// Decode attention compiled for head dims 256 and 512.
     #[arg(long)]
     pub attn_hd_kernels: bool,
+    /// With --attn-hd-kernels: the attention's p.V phase by warps.
+    #[arg(long)]
+    pub attn_warp_values: bool,
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
@@ -694,6 +697,7 @@ impl GpuVariantArgs {
             single_kernel: self.single_kernel,
             attn_smem_tile: self.attn_tile,
             attn_by_head_dim: self.attn_hd_kernels,
+            attn_warp_values: self.attn_warp_values,
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
             tensor_core_ring: self.tc_ring,

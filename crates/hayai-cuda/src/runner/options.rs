@@ -62,6 +62,11 @@ pub struct CudaOptions {
     /// 80 / 128 registers against 159): the same arithmetic without the guards and
     /// predicated-off lanes of the dims a head does not have. Off until measured.
     pub attn_by_head_dim: bool,
+    /// With `attn_by_head_dim`: the p.V phase by warps (`attn_split_wv_hd256/512`: each warp a
+    /// quarter of the keys with float4 rows, the four sums added at the end) instead of one
+    /// thread per dimension over every key. Sums in another order (tolerance, not bit
+    /// identity). Off until measured.
+    pub attn_warp_values: bool,
     /// int4 GEMVs with the activation quantized to int8 per 128 columns and DP4A dot products
     /// (`gemv_a8`; tiled GEMV only): ~4x fewer instructions per weight. Changes the arithmetic:
     /// its CPU reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M:
@@ -122,6 +127,7 @@ impl Default for CudaOptions {
             attn_prefetch: false,
             attn_smem_tile: false,
             attn_by_head_dim: false,
+            attn_warp_values: false,
             int8_activations: false,
             // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
             tensor_core_gemv: true,

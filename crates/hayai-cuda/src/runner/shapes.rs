@@ -48,11 +48,14 @@ pub(crate) fn gemv_smem(cols: usize, a8: bool, norms: bool) -> usize {
 }
 
 /// The decode attention kernel for head dim `hd`: compiled for 256 or 512 (the same arithmetic
-/// as the run-time `attn_split`, without the guards of the dims a head does not have).
-pub(crate) fn attn_kernel(hd: usize) -> &'static str {
-    match hd {
-        256 => "attn_split_hd256",
-        512 => "attn_split_hd512",
+/// as the run-time `attn_split`, without the guards of the dims a head does not have), with
+/// `by_warp` its p.V phase by warps (another summation order); other head dims: `attn_split`.
+pub(crate) fn attn_kernel(hd: usize, by_warp: bool) -> &'static str {
+    match (hd, by_warp) {
+        (256, false) => "attn_split_hd256",
+        (512, false) => "attn_split_hd512",
+        (256, true) => "attn_split_wv_hd256",
+        (512, true) => "attn_split_wv_hd512",
         _ => "attn_split",
     }
 }
