@@ -140,9 +140,10 @@ impl BenchReport {
                     None => String::new(),
                 };
                 s += &format!(
-                    "  {:<16} {:<12} {:>3} x {:>7.2} MB {:>7.1} us {:>6.0} GB/s {:>5.1}%{norm}\n",
+                    "  {:<16} {:<12} {:>9} {:>3} x {:>7.2} MB {:>7.1} us {:>6.0} GB/s {:>5.1}%{norm}\n",
                     o.label,
                     o.kernel,
+                    format!("{}x{}", o.grid.0, o.grid.1),
                     o.launches,
                     o.bytes as f64 / 1e6,
                     o.us,

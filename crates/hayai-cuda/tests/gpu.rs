@@ -283,33 +283,40 @@ fn attention_variants_are_bit_identical() {
     }
 }
 
+/// `variant` of the tiled decode path against the CPU reference on the small Gemma 4 (seed)
+/// and Gemma 3 (seed + 1) models, for each quantization in `quants` (`assert_parity`).
+fn assert_variant_parity(
+    seed: u64,
+    quants: &[Quant],
+    variant: impl Fn(CudaOptions) -> CudaOptions,
+) {
+    for (arch, s) in [(Arch::Gemma4, seed), (Arch::Gemma3, seed + 1)] {
+        let m = random_model(&small_spec(arch), s);
+        for &q in quants {
+            assert_parity(&m, &variant(opts(q, false)), 24, 300, 1e-4);
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn int8_activations_match_their_cpu_reference() {
     require_gpu();
-    for (arch, seed) in [(Arch::Gemma4, 11), (Arch::Gemma3, 12)] {
-        let m = random_model(&small_spec(arch), seed);
-        let o = CudaOptions {
-            int8_activations: true,
-            ..opts(Quant::Int4, false)
-        };
-        assert_parity(&m, &o, 24, 300, 1e-4);
-    }
+    assert_variant_parity(11, &[Quant::Int4], |o| CudaOptions {
+        int8_activations: true,
+        ..o
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tensor_core_gemv_matches_its_cpu_reference() {
     require_gpu();
-    for (arch, seed) in [(Arch::Gemma4, 13), (Arch::Gemma3, 14)] {
-        let m = random_model(&small_spec(arch), seed);
-        let o = opts(Quant::Int4, false);
-        assert!(
-            o.uses_tensor_cores(),
-            "the int4 default runs on tensor cores"
-        );
-        assert_parity(&m, &o, 24, 300, 1e-4);
-    }
+    assert!(
+        opts(Quant::Int4, false).uses_tensor_cores(),
+        "the int4 default runs on tensor cores"
+    );
+    assert_variant_parity(13, &[Quant::Int4], |o| o);
 }
 
 /// Residual norms from the producing GEMV's per-tile statistics (`CudaOptions::norm_stats`):
@@ -318,14 +325,10 @@ fn tensor_core_gemv_matches_its_cpu_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn norm_statistics_match_the_cpu_reference() {
     require_gpu();
-    for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
-        let m = random_model(&small_spec(arch), seed);
-        let o = CudaOptions {
-            norm_stats: true,
-            ..opts(Quant::Int4, false)
-        };
-        assert_parity(&m, &o, 24, 300, 1e-4);
-    }
+    assert_variant_parity(21, &[Quant::Int4], |o| CudaOptions {
+        norm_stats: true,
+        ..o
+    });
 }
 
 /// Attention's p.V phase by warps (`CudaOptions::attn_warp_values`): another summation order,
@@ -334,15 +337,9 @@ fn norm_statistics_match_the_cpu_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn attention_by_warps_matches_the_cpu_reference() {
     require_gpu();
-    for (arch, seed) in [(Arch::Gemma4, 23), (Arch::Gemma3, 24)] {
-        let m = random_model(&small_spec(arch), seed);
-        for q in [Quant::Bf16, Quant::Int4] {
-            let o = CudaOptions {
-                attn_by_head_dim: true,
-                attn_warp_values: true,
-                ..opts(q, false)
-            };
-            assert_parity(&m, &o, 24, 300, 1e-4);
-        }
-    }
+    assert_variant_parity(23, &[Quant::Bf16, Quant::Int4], |o| CudaOptions {
+        attn_by_head_dim: true,
+        attn_warp_values: true,
+        ..o
+    });
 }

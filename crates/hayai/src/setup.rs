@@ -155,7 +155,7 @@ pub fn bench_engine(
                     "achieved_gb_s": r.achieved_gb_s, "measured_read_gb_s": r.measured_read_gb_s,
                     "pct_of_measured": r.pct_of_measured,
                     "per_kernel": r.per_kernel.iter().map(|k| json!({"label": k.label, "launches": k.launches, "ms": k.ms})).collect::<Vec<_>>(),
-                    "ops": r.ops.iter().map(|o| json!({"label": o.label, "kernel": o.kernel, "launches": o.launches, "bytes": o.bytes, "us": o.us, "us_without_norm": o.us_without_norm})).collect::<Vec<_>>(),
+                    "ops": r.ops.iter().map(|o| json!({"label": o.label, "kernel": o.kernel, "grid": [o.grid.0, o.grid.1], "launches": o.launches, "bytes": o.bytes, "us": o.us, "us_without_norm": o.us_without_norm})).collect::<Vec<_>>(),
                 })
             );
         } else {

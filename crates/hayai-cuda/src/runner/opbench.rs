@@ -20,6 +20,8 @@ pub struct OpTime {
     pub launches: usize,
     /// Weight bytes one launch streams (its matrix and scales).
     pub bytes: usize,
+    /// Blocks of the first launch: (row tiles or splits x heads, K splits or heads).
+    pub grid: (u32, u32),
     /// Microseconds per launch, back to back.
     pub us: f64,
     /// The same GEMVs with their residual add and norms taken out of the prologue (x is then the
@@ -61,6 +63,7 @@ impl CudaRunner {
                 kernel: ls[0].kernel,
                 launches: ls.len(),
                 bytes: ls[0].reads[0].1 + ls[0].reads[1].1,
+                grid: (ls[0].grid.0, ls[0].grid.1),
                 us,
                 us_without_norm,
             });
