@@ -137,3 +137,41 @@ pub(crate) fn splits_for(
     let want = (sm_count * warps_per_sm).div_ceil(warps.max(1));
     want.clamp(1, MAX_SPLITS).min((units / 4).max(1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_splits_keep_the_grid_within_the_resident_blocks() {
+        // E4B on 132 SMs at 2 blocks each: gate/up (160 row tiles) unsplit, down (20 tiles,
+        // 80 groups) 13 splits, a 2-tile matrix limited by its 20 groups (4 per split).
+        assert_eq!(ring_splits(160, 20, 264), 1);
+        assert_eq!(ring_splits(20, 80, 264), 13);
+        assert_eq!(ring_splits(2, 20, 264), 5);
+        for (tiles, units) in [(1, 8), (7, 160), (300, 20), (20, 2)] {
+            let s = ring_splits(tiles, units, 264);
+            assert!((1..=MAX_SPLITS).contains(&s));
+            assert!(s == 1 || tiles * s <= 264, "{tiles} tiles x {s} splits");
+            assert!(s == 1 || units / s >= 4, "{units} groups / {s} splits");
+        }
+    }
+
+    #[test]
+    fn attention_kernels_by_head_dim() {
+        assert_eq!(attn_kernel(256, false), "attn_split_hd256");
+        assert_eq!(attn_kernel(512, false), "attn_split_hd512");
+        assert_eq!(attn_kernel(256, true), "attn_split_wv_hd256");
+        assert_eq!(attn_kernel(512, true), "attn_split_wv_hd512");
+        // Other head dims run the run-time kernel, with or without the warp p.V phase asked for.
+        assert_eq!(attn_kernel(128, true), "attn_split");
+        assert_eq!(attn_kernel(384, false), "attn_split");
+        // Every name is a kernel of the fatbin's table.
+        for hd in [128, 256, 384, 512] {
+            for w in [false, true] {
+                let k = attn_kernel(hd, w);
+                assert!(crate::device::KERNELS.iter().any(|(n, _)| *n == k), "{k}");
+            }
+        }
+    }
+}
