@@ -11,7 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check parity tc fuse stats hd bench bench-stats bench-hd in one go
+#         pending: gpu_check parity tc fuse stats hd bench bench-stats bench-hd, then bench-engine
+#         --ops without and with the options written since the last GPU run
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,7 +57,15 @@ run() {
   stage() { echo "== $1 ($(date -u +%T))" | tee -a "$out/session.log"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
-  if has pending; then stage "gpu_check parity tc fuse stats hd + benches (what the last session wrote without a GPU)"; timeout 500 "$C" parity tc fuse stats hd bench bench-stats bench-hd > "$out/pending.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:|take norm" "$out/pending.log" | tee -a "$out/session.log"; fi
+  if has pending; then
+    stage "gpu_check parity tc fuse stats hd + benches (what the last session wrote without a GPU)"
+    timeout 500 "$C" parity tc fuse stats hd bench bench-stats bench-hd > "$out/pending.log" 2>&1
+    grep -E "PASS|FAIL|decode:|quant:|take norm" "$out/pending.log" | tee -a "$out/session.log"
+    stage "per operation: default, then with the options written without a GPU"
+    for v in "" "--norm-stats --attn-hd-kernels --attn-warp-values"; do
+      timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 128 --gen 512 --ops $v 2>&1 | sed -n '/^quant/p;/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
+    done
+  fi
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi
   if has tc; then stage "gpu_check tc a8 bench-tc bench-a8"; timeout 400 "$C" tc a8 bench-tc bench-a8 > "$out/tc.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/tc.log" | tee -a "$out/session.log"; fi
   if has fuse; then stage "gpu_check fuse bench"; timeout 300 "$C" fuse bench > "$out/fuse.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/fuse.log" | tee -a "$out/session.log"; fi
