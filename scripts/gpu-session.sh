@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check parity tc fuse stats hd bench bench-stats bench-hd, then bench-engine
-#         --ops without and with the options written since the last GPU run
+#         pending: gpu_check "parity tc fuse bench", "stats bench-stats", "hd bench-hd" (one process
+#         each), then bench-engine --ops without and with the options written since the last GPU run
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,9 +58,14 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has pending; then
-    stage "gpu_check parity tc fuse stats hd + benches (what the last session wrote without a GPU)"
-    timeout 500 "$C" parity tc fuse stats hd bench bench-stats bench-hd > "$out/pending.log" 2>&1
-    grep -E "PASS|FAIL|decode:|quant:|take norm" "$out/pending.log" | tee -a "$out/session.log"
+    # One process per group, so a fault in an unrun kernel does not take the others with it.
+    local grp
+    for grp in "parity tc fuse bench" "stats bench-stats" "hd bench-hd"; do
+      stage "gpu_check $grp (written without a GPU since the last run)"
+      timeout 300 "$C" $grp > "$out/pending-${grp%% *}.log" 2>&1
+      echo "rc=$?" >> "$out/pending-${grp%% *}.log"
+      grep -E "PASS|FAIL|decode:|quant:|take norm|^rc=" "$out/pending-${grp%% *}.log" | tee -a "$out/session.log"
+    done
     stage "per operation: default, then with the options written without a GPU"
     for v in "" "--norm-stats --attn-hd-kernels --attn-warp-values"; do
       timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 128 --gen 512 --ops $v 2>&1 | sed -n '/^quant/p;/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
