@@ -109,6 +109,16 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // gemv_constants_async has begun copying the norm weights before the wait; the residual input is
 // then read in the same pass as the input partials, so the prologue waits on one memory round
 // trip instead of three.
+// The prologue's per-element steps, shared by gemv_prologue and gemv_prologue_stats so both
+// round the same way: v * s * w (an RMSNorm with scale s and weights w) and (r + b) * c (a
+// residual add with the layer scalar c).
+__device__ __forceinline__ float4 norm4(float4 v, float s, float4 w) {
+    return make_float4(v.x * s * w.x, v.y * s * w.y, v.z * s * w.z, v.w * s * w.w);
+}
+__device__ __forceinline__ float4 residual4(float4 r, float4 b, float c) {
+    return make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
+}
+
 // PENDING: cp.async groups committed after the constants' that may stay in flight (a caller's
 // own weight copies).
 template <bool STEP = false, int PENDING = 0>
@@ -212,10 +222,10 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             const float4 r = res_src[j];
             if (p.res_w) {
                 const float4 w = res_w[j];
-                b = make_float4(b.x * scale * w.x, b.y * scale * w.y, b.z * scale * w.z, b.w * scale * w.w);
+                b = norm4(b, scale, w);
             }
             const float c = p.res_scalar;
-            const float4 h = make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
+            const float4 h = residual4(r, b, c);
             x4[j] = h;
             ss += h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
             if (first && p.res_out) ((float4*)p.res_out)[j] = h;
@@ -229,7 +239,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
         for (int j = threadIdx.x; j < n4; j += blockDim.x) {
             float4 v = x4[j];
             const float4 w = norm_w[j];
-            x4[j] = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
+            x4[j] = norm4(v, scale, w);
         }
     }
     if (scaled_store) {
@@ -373,11 +383,6 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
     return acc;
 }
 
-// Split-K epilogue of the last block of a row tile (rows [r0, r0 + n), n <= blockDim.x, n a
-// multiple of 32): adds the partials in split order into out_final; with `glu` the tile's
-// interleaved (gate, up) rows become gelu(gate) * up at out_final[row / 2]. Used by gemv_mma;
-// gemv_tiled keeps its GLU-free copy of the same sum so the default kernel's code stays the one
-// measured (2026-11-30) until a GPU run covers the change.
 // This thread's share of its row tile's norm statistics (GemvParams::stats_out) for output y of
 // row r (a thread may add several rows).
 __device__ __forceinline__ void gemv_stats_add(const GemvParams& p, int r, float y, float4& acc) {
@@ -399,8 +404,11 @@ __device__ __forceinline__ void gemv_stats_store(const GemvParams& p, float4 acc
     if (threadIdx.x == 0) ((float4*)p.stats_out)[blockIdx.x] = acc;
 }
 
-// With `stats_out` (the whole block calls it then) also the tile's norm statistics (see
-// GemvParams), summed over the block in a fixed order.
+// Split-K epilogue of the last block of a row tile (rows [r0, r0 + n), n <= blockDim.x, n a
+// multiple of 32; gemv_tiled and gemv_mma): adds the partials in split order into out_final;
+// with `glu` the tile's interleaved (gate, up) rows become gelu(gate) * up at
+// out_final[row / 2]. With `stats_out` (the whole block calls it then) also the tile's norm
+// statistics (see GemvParams), summed over the block in a fixed order.
 __device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, int n, float* red) {
     if (!p.stats_out && threadIdx.x >= n) return;
     const int r = r0 + threadIdx.x;
@@ -461,14 +469,14 @@ __device__ void gemv_prologue_stats(const GemvParams& p, float* xs, int j0, int 
         }
         if (p.res_w) {
             const float4 w = res_w[j];
-            b = make_float4(b.x * s1 * w.x, b.y * s1 * w.y, b.z * s1 * w.z, b.w * s1 * w.w);
+            b = norm4(b, s1, w);
         }
         const float4 r = ((const float4*)p.res_in)[j];
-        float4 h = make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
+        float4 h = residual4(r, b, c);
         if (writer) ((float4*)p.res_out)[j] = h;
         if (p.norm_w) {
             const float4 w = norm_w[j];
-            h = make_float4(h.x * s2 * w.x, h.y * s2 * w.y, h.z * s2 * w.z, h.w * s2 * w.w);
+            h = norm4(h, s2, w);
         }
         x4[j] = h;
     }
@@ -537,12 +545,7 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int r = blockIdx.x * GEMV_ROWS_PER_BLOCK + threadIdx.x;
-    if (threadIdx.x < GEMV_ROWS_PER_BLOCK && r < p.rows) {
-        float t = 0.f;
-        for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
-        p.out_final[r] = t;
-    }
+    gemv_reduce_splits(p, blockIdx.x * GEMV_ROWS_PER_BLOCK, GEMV_ROWS_PER_BLOCK, red);
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 

@@ -277,11 +277,8 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_ring(const G
 
     pdl_wait();
     pdl_launch_dependents();
-    if (cst) {
-        gemv_prologue<false, S>(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
-    } else {
-        gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, nullptr);
-    }
+    // The ring's S stages may stay in flight while the prologue waits for its constants.
+    gemv_prologue<false, S>(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
     gemv_mma_fragments(xs, fr, u0, u1);
     __syncthreads();  // also publishes the scales
 

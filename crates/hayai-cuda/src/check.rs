@@ -72,7 +72,8 @@ impl ParityReport {
         }
     }
 
-    /// Within `tol` (rel L2) with every greedy token identical, or — where a rounding step
+    /// Within `tol` (rel L2; at least [`TENSOR_CORE_TOL`] for tensor-core sums) with every
+    /// greedy token identical, or — where a rounding step
     /// (int8 activations) turns last-bit differences into whole rounding flips — within twice
     /// what those flips do by themselves (`rounding_floor`) plus one argmax flip.
     pub fn agrees(&self, tol: f64) -> bool {

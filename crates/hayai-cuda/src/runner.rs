@@ -566,7 +566,7 @@ impl CudaRunner {
         }
         r.plan = r.build_plan(sm)?;
         link_prefetches(&mut r.plan, r.l2_prefetch, r.l2_prefetch_own);
-        if opts.norm_stats && opts.uses_tensor_cores() && !opts.tensor_core_ring {
+        if opts.norm_stats && r.tc_gemv && !r.tc_ring {
             r.norm_stat_pairs = link_norm_stats(&mut r.plan, r.scratch.norm_stats.ptr());
         }
         if r.step_kernel.is_some() {
