@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check "parity tc fuse bench", "stats bench-stats", "hd bench-hd" (one process
-#         each), then bench-engine --ops without and with the options written since the last GPU run
+#         pending: gpu_check "hd kw", "bench bench-kw bench-hd" (one process each), then bf16
+#         with and without the attention defaults (A/B/A) and int4 per operation
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,15 +60,17 @@ run() {
   if has pending; then
     # One process per group, so a fault in an unrun kernel does not take the others with it.
     local grp
-    for grp in "parity tc fuse bench" "stats bench-stats" "hd bench-hd"; do
-      stage "gpu_check $grp (written without a GPU since the last run)"
+    for grp in "hd kw" "bench bench-kw bench-hd"; do
+      stage "gpu_check $grp"
       timeout 300 "$C" $grp > "$out/pending-${grp%% *}.log" 2>&1
       echo "rc=$?" >> "$out/pending-${grp%% *}.log"
-      grep -E "PASS|FAIL|decode:|quant:|take norm|^rc=" "$out/pending-${grp%% *}.log" | tee -a "$out/session.log"
+      grep -E "PASS|FAIL|decode:|quant:|^rc=" "$out/pending-${grp%% *}.log" | tee -a "$out/session.log"
     done
-    stage "per operation: default, then with the options written without a GPU"
-    for v in "" "--norm-stats --attn-hd-kernels --attn-warp-values"; do
-      timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 128 --gen 512 --ops $v 2>&1 | sed -n '/^quant/p;/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
+    stage "bf16 with and without the attention defaults; per operation"
+    local e4b=(bench-engine --model synth:e4b --device cuda --prompt-len 128 --gen 512)
+    for v in "--quant bf16" "--quant bf16 --attn-runtime-hd --no-attn-warp-values" "--quant bf16" "--quant int4 --ops"; do
+      echo "-- $v" | tee -a "$out/session.log"
+      timeout 120 .gpu/hayai "${e4b[@]}" $v 2>&1 | sed -n '/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
     done
   fi
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi

@@ -1,8 +1,8 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [stats] [hd] [e4b-parity] [prefill] [prefill-e4b]
+//! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [kw] [hd] [e4b-parity] [prefill] [prefill-e4b]
 //!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
-//!        [bench-a8] [bench-pf] [bench-tc] [bench-stats] [bench-hd] [bench-single] [bench-bf16]
+//!        [bench-a8] [bench-pf] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
 //!        [bench-bf16-tiled]
 //!        (default: all)
 
@@ -21,6 +21,16 @@ fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
         quant,
         persistent_gemv,
         ..Default::default()
+    }
+}
+
+/// `o` with the run-time-head-dim attention (p.V by threads): the sums the shared-memory tile
+/// and the head-dim kernels without warp values reproduce bit for bit.
+fn runtime_attention(o: CudaOptions) -> CudaOptions {
+    CudaOptions {
+        attn_by_head_dim: false,
+        attn_warp_values: false,
+        ..o
     }
 }
 
@@ -217,9 +227,15 @@ fn main() {
             check(name, ok, line);
             // Variants that must give the same bits: graph replay vs eager launches, each
             // GEMV pulling its own weights into L2 first (a hint), the shared-memory weight
-            // ring (the same products in the same order). (variant, prompt tokens, steps)
+            // ring (the same products in the same order as split-K `gemv_mma`).
+            // (base, variant, prompt tokens, steps)
+            let split_k = CudaOptions {
+                tensor_core_kwarps: false,
+                ..tc(false)
+            };
             let same = [
                 (
+                    tc(false),
                     CudaOptions {
                         use_graph: false,
                         ..tc(false)
@@ -229,6 +245,7 @@ fn main() {
                     "graph replay == eager launches",
                 ),
                 (
+                    tc(false),
                     CudaOptions {
                         l2_prefetch_own: true,
                         ..tc(false)
@@ -238,18 +255,19 @@ fn main() {
                     "own-weight L2 prefetch == without",
                 ),
                 (
+                    split_k.clone(),
                     CudaOptions {
                         tensor_core_ring: true,
-                        ..tc(false)
+                        ..split_k
                     },
                     p.len(),
                     300,
-                    "cp.async weight ring == register pipeline",
+                    "cp.async weight ring == register pipeline (split-K)",
                 ),
             ];
-            for (o, n, steps, what) in same {
+            for (base, o, n, steps, what) in same {
                 let (ok, line) = verdict(
-                    same_results(&m, &tc(false), &o, &p[..n], steps),
+                    same_results(&m, &base, &o, &p[..n], steps),
                     format!("tensor cores: {what}"),
                 );
                 check(name, ok, line);
@@ -260,45 +278,42 @@ fn main() {
         let (ok, line) = check_parity(&m, &tc(false), &p, 8, 1e-3, "tensor cores ");
         check("e4b", ok, line);
     }
-    if want("stats") {
-        // Residual norms from the producer's per-tile statistics against the CPU reference.
-        let st = || CudaOptions {
-            norm_stats: true,
+    if want("kw") {
+        // Small tensor-core GEMVs with warps sharing 16-row tiles along K (the default) and
+        // split along K across blocks: each against the CPU reference (small models, 300
+        // steps; E4B shapes, 8); graph == eager.
+        let split = |kw: bool| CudaOptions {
+            tensor_core_kwarps: kw,
             ..opts(Quant::Int4, false)
         };
         for (name, m, p) in small_models(32) {
-            let (ok, line) = check_parity(&m, &st(), &p, 300, 1e-4, "norm statistics ");
-            check(name, ok, line);
+            for (kw, what) in [(true, "K shared by warps "), (false, "split-K ")] {
+                let (ok, line) = check_parity(&m, &split(kw), &p, 300, 1e-4, what);
+                check(name, ok, line);
+            }
+            let eager = CudaOptions {
+                use_graph: false,
+                ..split(true)
+            };
             let (ok, line) = verdict(
-                same_results(
-                    &m,
-                    &st(),
-                    &CudaOptions {
-                        use_graph: false,
-                        ..st()
-                    },
-                    &p[..8],
-                    0,
-                ),
-                "norm statistics: graph replay == eager launches".to_string(),
+                same_results(&m, &split(true), &eager, &p[..8], 0),
+                "K shared by warps: graph replay == eager launches".to_string(),
             );
             check(name, ok, line);
         }
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        match hayai_cuda::CudaRunner::new(Arc::new(m.clone()), st()) {
-            Ok(r) => println!("e4b: {} GEMVs take norm statistics", r.norm_stat_pairs()),
-            Err(e) => check("e4b", false, e.to_string()),
+        for (kw, what) in [(true, "K shared by warps "), (false, "split-K ")] {
+            let (ok, line) = check_parity(&m, &split(kw), &p, 8, 1e-3, what);
+            check("e4b", ok, line);
         }
-        let (ok, line) = check_parity(&m, &st(), &p, 8, 1e-3, "norm statistics ");
-        check("e4b", ok, line);
     }
     if want("hd") {
         // Attention compiled for head dims 256 and 512 (E4B's sliding and global layers)
         // against the run-time kernel: bit for bit.
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let o = opts(Quant::Int4, false);
+        let o = runtime_attention(opts(Quant::Int4, false));
         let hd = CudaOptions {
             attn_by_head_dim: true,
             ..o.clone()
@@ -308,19 +323,41 @@ fn main() {
             "attention by head dim == run-time head dim (256, 512): bit-identical".to_string(),
         );
         check("e4b", ok, line);
-        // The p.V phase by warps: another summation order, so against the CPU reference.
-        let wv = |q: Quant| CudaOptions {
-            attn_by_head_dim: true,
-            attn_warp_values: true,
-            ..opts(q, false)
-        };
+        // The p.V phase by warps (the default) and by threads: two summation orders, each
+        // against the CPU reference.
         for q in [Quant::Bf16, Quant::Int4] {
-            let (ok, line) = check_parity(&m, &wv(q), &p, 8, 1e-3, "attention p.V by warps ");
+            let (ok, line) =
+                check_parity(&m, &opts(q, false), &p, 8, 1e-3, "attention p.V by warps ");
+            check("e4b", ok, line);
+            let (ok, line) = check_parity(
+                &m,
+                &runtime_attention(opts(q, false)),
+                &p,
+                8,
+                1e-3,
+                "attention p.V by threads ",
+            );
             check("e4b", ok, line);
         }
         for (name, m, p) in small_models(32) {
             for q in [Quant::Bf16, Quant::Int4] {
-                let (ok, line) = check_parity(&m, &wv(q), &p, 300, 1e-4, "attention p.V by warps ");
+                let (ok, line) = check_parity(
+                    &m,
+                    &opts(q, false),
+                    &p,
+                    300,
+                    1e-4,
+                    "attention p.V by warps ",
+                );
+                check(name, ok, line);
+                let (ok, line) = check_parity(
+                    &m,
+                    &runtime_attention(opts(q, false)),
+                    &p,
+                    300,
+                    1e-4,
+                    "attention p.V by threads ",
+                );
                 check(name, ok, line);
             }
         }
@@ -395,10 +432,10 @@ fn main() {
         // 300 steps past the wrap-around; head dims 128 and 256).
         for (name, m, p) in small_models(32) {
             for q in [Quant::Bf16, Quant::Int4] {
-                let o = CudaOptions {
+                let o = runtime_attention(CudaOptions {
                     batched_prefill: false,
                     ..opts(q, false)
-                };
+                });
                 let tile = CudaOptions {
                     attn_smem_tile: true,
                     ..o.clone()
@@ -600,20 +637,22 @@ fn main() {
             });
         }
     }
-    if want("bench-stats") {
-        runs.push(CudaOptions {
-            norm_stats: true,
-            ..opts(Quant::Int4, false)
-        });
-    }
     if want("bench-hd") {
-        for attn_warp_values in [false, true] {
+        // The run-time-head-dim attention, then compiled for the head dim with p.V by threads
+        // (the default adds p.V by warps).
+        for attn_by_head_dim in [false, true] {
             runs.push(CudaOptions {
-                attn_by_head_dim: true,
-                attn_warp_values,
-                ..opts(Quant::Int4, false)
+                attn_by_head_dim,
+                ..runtime_attention(opts(Quant::Int4, false))
             });
         }
+    }
+    if want("bench-kw") {
+        // Small GEMVs split along K across blocks (the default shares K among a block's warps).
+        runs.push(CudaOptions {
+            tensor_core_kwarps: false,
+            ..opts(Quant::Int4, false)
+        });
     }
     if want("bench-tc") {
         // The tiled int4 GEMV on CUDA cores (the default runs on tensor cores).

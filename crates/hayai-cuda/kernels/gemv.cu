@@ -24,19 +24,10 @@ struct GemvParams {
     float res_scalar, eps, gather_scale;
     int int4;
     int in_glu;              // `in` holds interleaved (gate, up) partials: x = gelu(gate) * up
-    // Norm statistics (CudaOptions::norm_stats), so a consumer with a residual norm builds only
-    // its K split's columns. The producer (a gemv_mma) writes per row tile, from the rows of its
-    // block (or, split, of the tile's last block): sum y^2, sum r y w, sum (y w)^2, sum r^2 (r = stats_r, the
-    // consumer's residual input; w = stats_w, its residual-norm weights, null: 1). The consumer
-    // adds its producer's stats_tiles tiles in order (gemv_prologue_stats).
-    float* stats_out;
-    const float* stats_r;
-    const float* stats_w;
-    const float* stats_in;
-    int stats_tiles;
+    int kwarps;              // gemv_mma_kw: warps sharing a 16-row tile along K (1, 2, 4 or 8)
     L2Prefetch pf;           // a later kernel's weights to pull into L2 (see common.cuh)
 };
-static_assert(sizeof(GemvParams) == 224, "GemvParams is mirrored by the host (runner/launch.rs)");
+static_assert(sizeof(GemvParams) == 184, "GemvParams is mirrored by the host (runner/launch.rs)");
 
 // int8 activations for int4 weights (`gemv_a8`): x quantized per 128-column group, scale
 // t = max|x| / 127, q = round(x * (127 / max|x|)) — the CPU reference's
@@ -109,16 +100,6 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // gemv_constants_async has begun copying the norm weights before the wait; the residual input is
 // then read in the same pass as the input partials, so the prologue waits on one memory round
 // trip instead of three.
-// The prologue's per-element steps, shared by gemv_prologue and gemv_prologue_stats so both
-// round the same way: v * s * w (an RMSNorm with scale s and weights w) and (r + b) * c (a
-// residual add with the layer scalar c).
-__device__ __forceinline__ float4 norm4(float4 v, float s, float4 w) {
-    return make_float4(v.x * s * w.x, v.y * s * w.y, v.z * s * w.z, v.w * s * w.w);
-}
-__device__ __forceinline__ float4 residual4(float4 r, float4 b, float c) {
-    return make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
-}
-
 // PENDING: cp.async groups committed after the constants' that may stay in flight (a caller's
 // own weight copies).
 template <bool STEP = false, int PENDING = 0>
@@ -222,10 +203,10 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             const float4 r = res_src[j];
             if (p.res_w) {
                 const float4 w = res_w[j];
-                b = norm4(b, scale, w);
+                b = make_float4(b.x * scale * w.x, b.y * scale * w.y, b.z * scale * w.z, b.w * scale * w.w);
             }
             const float c = p.res_scalar;
-            const float4 h = residual4(r, b, c);
+            const float4 h = make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
             x4[j] = h;
             ss += h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
             if (first && p.res_out) ((float4*)p.res_out)[j] = h;
@@ -239,7 +220,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
         for (int j = threadIdx.x; j < n4; j += blockDim.x) {
             float4 v = x4[j];
             const float4 w = norm_w[j];
-            x4[j] = norm4(v, scale, w);
+            x4[j] = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
         }
     }
     if (scaled_store) {
@@ -383,104 +364,23 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
     return acc;
 }
 
-// This thread's share of its row tile's norm statistics (GemvParams::stats_out) for output y of
-// row r (a thread may add several rows).
-__device__ __forceinline__ void gemv_stats_add(const GemvParams& p, int r, float y, float4& acc) {
-    const float rr = p.stats_r[r];
-    const float yw = p.stats_w ? y * p.stats_w[r] : y;
-    acc.x += y * y;
-    acc.y += rr * yw;
-    acc.z += yw * yw;
-    acc.w += rr * rr;
-}
-
-// The row tile's statistics summed over the block in a fixed order, stored by thread 0 (every
-// thread of the block calls it).
-__device__ __forceinline__ void gemv_stats_store(const GemvParams& p, float4 acc, float* red) {
-    acc.x = block_sum(acc.x, red);
-    acc.y = block_sum(acc.y, red);
-    acc.z = block_sum(acc.z, red);
-    acc.w = block_sum(acc.w, red);
-    if (threadIdx.x == 0) ((float4*)p.stats_out)[blockIdx.x] = acc;
-}
-
 // Split-K epilogue of the last block of a row tile (rows [r0, r0 + n), n <= blockDim.x, n a
-// multiple of 32; gemv_tiled and gemv_mma): adds the partials in split order into out_final;
-// with `glu` the tile's interleaved (gate, up) rows become gelu(gate) * up at
-// out_final[row / 2]. With `stats_out` (the whole block calls it then) also the tile's norm
-// statistics (see GemvParams), summed over the block in a fixed order.
-__device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, int n, float* red) {
-    if (!p.stats_out && threadIdx.x >= n) return;
+// multiple of 32): adds the partials in split order into out_final; with `glu` the tile's
+// interleaved (gate, up) rows become gelu(gate) * up at out_final[row / 2]. Used by gemv_mma;
+// gemv_tiled keeps its GLU-free copy of the same sum so the default kernel's code stays the one
+// measured (2026-11-30) until a GPU run covers the change.
+__device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, int n) {
+    if (threadIdx.x >= n) return;
     const int r = r0 + threadIdx.x;
-    const bool mine = threadIdx.x < n && r < p.rows;
     float t = 0.f;
-    if (mine)
+    if (r < p.rows)
         for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
     if (p.glu) {
-        // Whole warps (n is a multiple of 32): every lane takes part in the shuffle.
         const float up = __shfl_down_sync(HAYAI_FULL_MASK, t, 1);
-        if (mine && (r & 1) == 0) p.out_final[r >> 1] = gelu_tanh(t) * up;
-    } else if (mine) {
+        if ((r & 1) == 0 && r < p.rows) p.out_final[r >> 1] = gelu_tanh(t) * up;
+    } else if (r < p.rows) {
         p.out_final[r] = t;
     }
-    if (!p.stats_out) return;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (mine) gemv_stats_add(p, r, t, acc);
-    gemv_stats_store(p, acc, red);
-}
-
-// The prologue with its producer's norm statistics (GemvParams::stats_in): a residual input and
-// its norm (res_in, res_w, res_scalar) and an input norm (norm_w) as gemv_prologue computes them,
-// with the sums of squares from the statistics —
-//   s1 = rsqrt(sum y^2 / n + eps), h = (r + y s1 w) c,
-//   sum h^2 = c^2 (sum r^2 + 2 s1 sum r y w + s1^2 sum (y w)^2)
-// — so no pass over the whole vector: only columns [4 j0, 4 j1) of x (and of the new residual,
-// stored by the blocks of row tile 0) are built. `cst` as for gemv_prologue (norm weights copied
-// before the wait).
-#define GEMV_STATS_MAX_TILES 64
-__device__ void gemv_prologue_stats(const GemvParams& p, float* xs, int j0, int j1,
-                                    const float* cst) {
-    __shared__ float4 st[GEMV_STATS_MAX_TILES];
-    if (threadIdx.x < p.stats_tiles) st[threadIdx.x] = __ldcg((const float4*)p.stats_in + threadIdx.x);
-    if (cst) cp_async_wait<0>();
-    __syncthreads();
-    float sy = 0.f, sryw = 0.f, syw = 0.f, sr = 0.f;
-    for (int i = 0; i < p.stats_tiles; i++) {
-        const float4 v = st[i];
-        sy += v.x;
-        sryw += v.y;
-        syw += v.z;
-        sr += v.w;
-    }
-    const int n = p.cols;
-    const float s1 = p.res_w ? rsqrtf(sy / (float)n + p.eps) : 1.f;
-    const float c = p.res_scalar;
-    const float hh = c * c * (sr + 2.f * s1 * sryw + s1 * s1 * syw);
-    const float s2 = rsqrtf(hh / (float)n + p.eps);
-    const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);
-    const float4* norm_w = (const float4*)(cst ? cst + 2 * n : p.norm_w);
-    const bool writer = blockIdx.x == 0 && p.res_out;
-    float4* x4 = (float4*)xs;
-    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        float4 b = ((const float4*)p.in)[j];
-        for (int k = 1; k < p.in_splits; k++) {
-            const float4 u = ((const float4*)(p.in + (size_t)k * p.in_ld))[j];
-            b.x += u.x; b.y += u.y; b.z += u.z; b.w += u.w;
-        }
-        if (p.res_w) {
-            const float4 w = res_w[j];
-            b = norm4(b, s1, w);
-        }
-        const float4 r = ((const float4*)p.res_in)[j];
-        float4 h = residual4(r, b, c);
-        if (writer) ((float4*)p.res_out)[j] = h;
-        if (p.norm_w) {
-            const float4 w = norm_w[j];
-            h = norm4(h, s2, w);
-        }
-        x4[j] = h;
-    }
-    __syncthreads();
 }
 
 // The tiled GEMV: one 64-row tile and one K split per block; U = 16-byte loads in flight per
@@ -545,7 +445,12 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    gemv_reduce_splits(p, blockIdx.x * GEMV_ROWS_PER_BLOCK, GEMV_ROWS_PER_BLOCK, red);
+    const int r = blockIdx.x * GEMV_ROWS_PER_BLOCK + threadIdx.x;
+    if (threadIdx.x < GEMV_ROWS_PER_BLOCK && r < p.rows) {
+        float t = 0.f;
+        for (int k = 0; k < p.splits; k++) t += __ldcg(p.out + (size_t)k * p.rows + r);
+        p.out_final[r] = t;
+    }
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 

@@ -81,10 +81,10 @@ __device__ __forceinline__ float2 gemv_mma_group(const uint4 ca, const uint4 cb,
 }
 
 // Rows ra, rb's sums (lanes c = 0) to `out`: GeGLU'd when unsplit, else as split partials that
-// the last block of the row tile adds up.
+// the last block of the row tile (`tile_rows` rows) adds up.
 __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc_a, float acc_b,
                                                   int ra, int rb, int g, int c, int* last,
-                                                  float* red) {
+                                                  int tile_rows) {
     const bool va = ra < p.rows, vb = rb < p.rows;
     if (p.glu && p.splits == 1) {
         // Interleaved (gate, up) rows: gate 2i in lane 4g (g even), up 2i + 1 in lane 4g + 4.
@@ -101,15 +101,7 @@ __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc
         if (va) p.out[(size_t)s * p.rows + ra] = acc_a;
         if (vb) p.out[(size_t)s * p.rows + rb] = acc_b;
     }
-    if (p.splits == 1) {
-        if (!p.stats_out) return;
-        // Unsplit: this block holds its whole row tile (lanes c = 0, rows ra and rb).
-        float4 st = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (c == 0 && va) gemv_stats_add(p, ra, acc_a, st);
-        if (c == 0 && vb) gemv_stats_add(p, rb, acc_b, st);
-        gemv_stats_store(p, st, red);
-        return;
-    }
+    if (p.splits == 1) return;
     // Split-K: the last block of this row tile adds the partials in split order.
     __threadfence();
     __syncthreads();
@@ -117,23 +109,26 @@ __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc
     __syncthreads();
     if (!*last) return;
     __threadfence();
-    gemv_reduce_splits(p, blockIdx.x * GMMA_ROWS, GMMA_ROWS, red);
+    gemv_reduce_splits(p, blockIdx.x * tile_rows, tile_rows);
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
 // What one lane of a gemv_mma block works on: rows ra = r0 + g and rb = ra + 8 of its warp's
 // 16 (invalid rows read row 0 and are not stored), this lane's 16-byte chunk c of each row per
-// group, and the block's K split: groups [u0, u1) of `units`.
+// group, and the block's K split: groups [u0, u1) of `units`. With `kw` > 1 warps sharing a
+// 16-row tile (gemv_mma_kw), the block holds 128 / kw rows and warp slice ks takes groups
+// u0 + ks, u0 + ks + kw, ...
 struct GmmaLane {
-    int g, c, ra, rb, units, per, u0, u1;
+    int g, c, ra, rb, units, per, u0, u1, ks;
     bool va, vb;
     const uint4* wa;
     const uint4* wb;
-    __device__ __forceinline__ GmmaLane(const GemvParams& p) {
+    __device__ __forceinline__ GmmaLane(const GemvParams& p, int kw) {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         g = lane >> 2;
         c = lane & 3;
-        ra = blockIdx.x * GMMA_ROWS + warp * 16 + g;
+        ks = warp % kw;
+        ra = blockIdx.x * (GMMA_ROWS / kw) + (warp / kw) * 16 + g;
         rb = ra + 8;
         va = ra < p.rows;
         vb = rb < p.rows;
@@ -148,13 +143,16 @@ struct GmmaLane {
 };
 
 // GMMA_U: groups in flight per lane (two 16-byte loads each); the order of additions is the
-// same for every U, so results are too.
-template <int GMMA_U>
+// same for every U, so results are too. KW: the block's warps share 16-row tiles along K
+// (`p.kwarps` per tile; gemv_mma_kw), their sums added in slice order through shared memory.
+template <int GMMA_U, bool KW>
 __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
     __shared__ float red[32];
     __shared__ int last;
-    const GmmaLane L(p);
-    const int g = L.g, c = L.c, ra = L.ra, rb = L.rb, units = L.units, u0 = L.u0, u1 = L.u1;
+    const int kw = KW ? p.kwarps : 1;
+    const GmmaLane L(p, kw);
+    const int g = L.g, c = L.c, units = L.units, u0 = L.u0, u1 = L.u1, ks = L.ks;
+    int ra = L.ra, rb = L.rb;
     const bool va = L.va, vb = L.vb;
     const uint4* wa = L.wa;
     const uint4* wb = L.wb;
@@ -167,15 +165,16 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
     auto load = [&](int g0) {
 #pragma unroll
         for (int k = 0; k < GMMA_U; k++) {
-            if (g0 + k < u1) {
-                na[k] = ld_stream(wa + (size_t)(g0 + k) * 4);
-                nb[k] = ld_stream(wb + (size_t)(g0 + k) * 4);
-                nsa[k] = sa[g0 + k];
-                nsb[k] = sb[g0 + k];
+            const int gi = g0 + k * kw;
+            if (gi < u1) {
+                na[k] = ld_stream(wa + (size_t)gi * 4);
+                nb[k] = ld_stream(wb + (size_t)gi * 4);
+                nsa[k] = sa[gi];
+                nsb[k] = sb[gi];
             }
         }
     };
-    load(u0);
+    load(u0 + ks);
     l2_prefetch(p.pf, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
     const bool has_cst = p.res_in || p.norm_w;
     float* cst = has_cst ? xs + gemv_cst_offset(p.cols, false) : nullptr;
@@ -184,17 +183,13 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
 
     pdl_wait();
     pdl_launch_dependents();
-    if (p.stats_in) {
-        gemv_prologue_stats(p, xs, u0 * 32, u1 * 32, cst);
-    } else {
-        gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
-    }
+    gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
     gemv_mma_fragments(xs, fr, u0, u1);
     __syncthreads();
 
     const uint32_t magic = 0x43004300u;
     float acc_a = 0.f, acc_b = 0.f;
-    for (int g0 = u0; g0 < u1; g0 += GMMA_U) {
+    for (int g0 = u0 + ks; g0 < u1; g0 += GMMA_U * kw) {
         uint4 ca[GMMA_U], cb[GMMA_U];
         uint32_t csa[GMMA_U], csb[GMMA_U];
 #pragma unroll
@@ -204,27 +199,62 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
             csa[k] = nsa[k];
             csb[k] = nsb[k];
         }
-        load(g0 + GMMA_U);
+        load(g0 + GMMA_U * kw);
 #pragma unroll
         for (int k = 0; k < GMMA_U; k++) {
-            if (g0 + k >= u1) break;
-            const float2 d = gemv_mma_group(ca[k], cb[k], fr + (g0 + k - u0) * 64 + 2 * c + g, g, magic);
+            const int gi = g0 + k * kw;
+            if (gi >= u1) break;
+            const float2 d = gemv_mma_group(ca[k], cb[k], fr + (gi - u0) * 64 + 2 * c + g, g, magic);
             acc_a = fmaf(d.x, __uint_as_float(csa[k] << 16), acc_a);
             acc_b = fmaf(d.y, __uint_as_float(csb[k] << 16), acc_b);
         }
     }
-    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last, red);
+    if constexpr (KW) {
+        // Slice 0 of each tile adds the others' sums in slice order; the other warps store
+        // nothing (their rows marked past the end) but still take part in the epilogue's
+        // block-wide steps.
+        __shared__ float part[8][16];
+        const int warp = threadIdx.x >> 5;
+        if (c == 0) {
+            part[warp][g] = acc_a;
+            part[warp][g + 8] = acc_b;
+        }
+        __syncthreads();
+        if (ks == 0) {
+            for (int j = 1; j < kw; j++) {
+                acc_a += part[warp + j][g];
+                acc_b += part[warp + j][g + 8];
+            }
+        } else {
+            ra = rb = p.rows;
+        }
+    }
+    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last, GMMA_ROWS / kw);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvParams p) {
     extern __shared__ float xs[];
-    gemv_mma_tiled<2>(p, xs);
+    gemv_mma_tiled<2, false>(p, xs);
 }
 
 // Four groups in flight per lane (more bytes in flight per warp, more registers).
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_u4(const GemvParams p) {
     extern __shared__ float xs[];
-    gemv_mma_tiled<4>(p, xs);
+    gemv_mma_tiled<4, false>(p, xs);
+}
+
+// 16-row tiles shared by p.kwarps warps along K (CudaOptions::tensor_core_kwarps): more, smaller
+// blocks whose K is summed inside the block, so a matrix with few rows fills the GPU without
+// split-K's partial stores, counter and second pass. Same products; the slices' sums are added
+// in another order than one warp's (tolerance, not bit identity).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_mma_tiled<2, true>(p, xs);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw_u4(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_mma_tiled<4, true>(p, xs);
 }
 
 // The same products with the weights streamed through a per-thread ring of GMMA_RING stages in
@@ -242,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_ring(const G
     extern __shared__ float xs[];
     __shared__ float red[32];
     __shared__ int last;
-    const GmmaLane L(p);
+    const GmmaLane L(p, 1);
     const int g = L.g, c = L.c, ra = L.ra, rb = L.rb, units = L.units, per = L.per, u0 = L.u0,
               u1 = L.u1;
     const uint4* wa = L.wa;
@@ -277,8 +307,11 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_ring(const G
 
     pdl_wait();
     pdl_launch_dependents();
-    // The ring's S stages may stay in flight while the prologue waits for its constants.
-    gemv_prologue<false, S>(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
+    if (cst) {
+        gemv_prologue<false, S>(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
+    } else {
+        gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, nullptr);
+    }
     gemv_mma_fragments(xs, fr, u0, u1);
     __syncthreads();  // also publishes the scales
 
@@ -308,5 +341,5 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_ring(const G
         st = st + 1 == S ? 0 : st + 1;
     }
     cp_async_wait<0>();
-    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last, red);
+    gemv_mma_epilogue(p, acc_a, acc_b, ra, rb, g, c, &last, GMMA_ROWS);
 }

@@ -65,6 +65,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("gemv_a8", true),
     ("gemv_mma", true),
     ("gemv_mma_u4", true),
+    ("gemv_mma_kw", true),
+    ("gemv_mma_kw_u4", true),
     ("gemv_mma_ring", true),
     ("gemv_persistent", true),
     ("gemv_pair", true),

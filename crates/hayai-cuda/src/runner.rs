@@ -225,8 +225,6 @@ struct Scratch {
     out_tok: DevBuf,
     /// Grid barrier of `gemv_pair`: {arrive, depart}.
     pair_barrier: DevBuf,
-    /// Per-tile norm statistics of the linked producer/consumer GEMVs (`link_norm_stats`).
-    norm_stats: DevBuf,
 }
 
 const GEMV_ROWS_PER_BLOCK: usize = 64;
@@ -270,12 +268,12 @@ pub struct CudaRunner {
     tc_gemv: bool,
     /// ... as `gemv_mma_ring` (weights through a shared-memory ring).
     tc_ring: bool,
+    /// See [`CudaOptions::tensor_core_kwarps`] (never with the ring).
+    tc_kwarps: bool,
     /// See [`CudaOptions::l2_prefetch`].
     l2_prefetch: usize,
     /// See [`CudaOptions::l2_prefetch_own`].
     l2_prefetch_own: bool,
-    /// Producer/consumer GEMV pairs linked by norm statistics ([`CudaOptions::norm_stats`]).
-    norm_stat_pairs: usize,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
     attn_tile_dims: Vec<usize>,
     /// The single-kernel step's launch shape, when it is in use.
@@ -447,7 +445,6 @@ impl CudaRunner {
             step_io: gpu.alloc(8)?,
             out_tok: gpu.alloc(4)?,
             pair_barrier: gpu.alloc(8)?,
-            norm_stats: gpu.alloc(STATS_MAX_TILES * 16)?,
         };
         let max_cols = layers
             .iter()
@@ -480,6 +477,8 @@ impl CudaRunner {
             if mma > 48 * 1024 - 256 {
                 gpu.set_max_dynamic_smem("gemv_mma", mma)?;
                 gpu.set_max_dynamic_smem("gemv_mma_u4", mma)?;
+                gpu.set_max_dynamic_smem("gemv_mma_kw", mma)?;
+                gpu.set_max_dynamic_smem("gemv_mma_kw_u4", mma)?;
             }
             if opts.tensor_core_ring {
                 let ring = gemv_mma_ring_smem(max_cols, false, max_cols / 128)
@@ -535,9 +534,11 @@ impl CudaRunner {
             int8_act: opts.uses_int8_activations(),
             tc_gemv: opts.uses_tensor_cores(),
             tc_ring: opts.uses_tensor_cores() && opts.tensor_core_ring,
+            tc_kwarps: opts.uses_tensor_cores()
+                && opts.tensor_core_kwarps
+                && !opts.tensor_core_ring,
             l2_prefetch: opts.l2_prefetch,
             l2_prefetch_own: opts.l2_prefetch_own,
-            norm_stat_pairs: 0,
             step_kernel: None,
             step_profile: None,
             step_bufs: Vec::new(),
@@ -566,9 +567,6 @@ impl CudaRunner {
         }
         r.plan = r.build_plan(sm)?;
         link_prefetches(&mut r.plan, r.l2_prefetch, r.l2_prefetch_own);
-        if opts.norm_stats && r.tc_gemv && !r.tc_ring {
-            r.norm_stat_pairs = link_norm_stats(&mut r.plan, r.scratch.norm_stats.ptr());
-        }
         if r.step_kernel.is_some() {
             r.plan = vec![r.step_launch()?];
         }
@@ -590,11 +588,6 @@ impl CudaRunner {
     /// Kernel launches per decode step.
     pub fn kernels_per_step(&self) -> usize {
         self.plan.len()
-    }
-
-    /// GEMVs of the decode step whose residual norm comes from their producer's statistics.
-    pub fn norm_stat_pairs(&self) -> usize {
-        self.norm_stat_pairs
     }
 
     /// Bytes of projection weights streamed per decode step (the two gathered table rows
@@ -798,9 +791,10 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels() {
-        assert_eq!(std::mem::size_of::<GemvParams>(), 224);
-        assert_eq!(std::mem::offset_of!(GemvParams, stats_out), 152);
-        assert_eq!(std::mem::size_of::<GemvPairParams>(), 456);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 184);
+        assert_eq!(std::mem::offset_of!(GemvParams, kwarps), 148);
+        assert_eq!(std::mem::offset_of!(GemvParams, pf), 152);
+        assert_eq!(std::mem::size_of::<GemvPairParams>(), 376);
         assert_eq!(gemv_a8_smem(2560), 10240 + 2560 + 20 * 20);
         // 128 columns: 660 bytes of x and int8 x, padded to 672 before the constants.
         assert_eq!(gemv_smem(128, true, true), 672 + 3 * 512);

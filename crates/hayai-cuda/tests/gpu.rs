@@ -267,7 +267,13 @@ fn attention_variants_are_bit_identical() {
         let m = random_model(&small_spec(arch), seed);
         let p = prompt(24, m.spec.vocab);
         for q in [Quant::Bf16, Quant::Int4] {
-            let a = opts(q, false);
+            // The run-time-head-dim kernel with its p.V phase by threads, the same sums as the
+            // shared-memory tile and the kernels compiled for a head dim without warp values.
+            let a = CudaOptions {
+                attn_by_head_dim: false,
+                attn_warp_values: false,
+                ..opts(q, false)
+            };
             let b = CudaOptions {
                 attn_smem_tile: true,
                 ..a.clone()
@@ -319,27 +325,35 @@ fn tensor_core_gemv_matches_its_cpu_reference() {
     assert_variant_parity(13, &[Quant::Int4], |o| o);
 }
 
-/// Residual norms from the producing GEMV's per-tile statistics (`CudaOptions::norm_stats`):
-/// the same model to the tensor-core tolerance, every greedy token identical.
+/// Small tensor-core GEMVs with 16-row tiles shared by warps along K
+/// (`CudaOptions::tensor_core_kwarps`, the default) and split along K across blocks: each the
+/// same model to the tensor-core tolerance, every greedy token identical.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn norm_statistics_match_the_cpu_reference() {
+fn tensor_core_kwarps_and_split_k_match_the_cpu_reference() {
     require_gpu();
-    assert_variant_parity(21, &[Quant::Int4], |o| CudaOptions {
-        norm_stats: true,
+    assert!(opts(Quant::Int4, false).tensor_core_kwarps);
+    assert_variant_parity(27, &[Quant::Int4], |o| CudaOptions {
+        tensor_core_kwarps: false,
         ..o
     });
 }
 
-/// Attention's p.V phase by warps (`CudaOptions::attn_warp_values`): another summation order,
-/// the same model to the usual tolerance, every greedy token identical.
+/// Attention's p.V phase by warps (`CudaOptions::attn_warp_values`, the default) and by
+/// threads (the run-time-head-dim kernel): two summation orders, each the same model to the
+/// usual tolerance, every greedy token identical.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn attention_by_warps_matches_the_cpu_reference() {
+fn attention_by_warps_and_by_threads_match_the_cpu_reference() {
     require_gpu();
-    assert_variant_parity(23, &[Quant::Bf16, Quant::Int4], |o| CudaOptions {
-        attn_by_head_dim: true,
-        attn_warp_values: true,
+    assert!(
+        opts(Quant::Int4, false).attn_warp_values,
+        "p.V by warps is the default"
+    );
+    assert_variant_parity(23, &[Quant::Bf16, Quant::Int4], |o| o);
+    assert_variant_parity(25, &[Quant::Bf16, Quant::Int4], |o| CudaOptions {
+        attn_by_head_dim: false,
+        attn_warp_values: false,
         ..o
     });
 }

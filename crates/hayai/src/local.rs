@@ -658,12 +658,13 @@ pub struct GpuVariantArgs {
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.
     #[arg(long)]
     pub attn_tile: bool,
-    /// Decode attention compiled for head dims 256 and 512.
+    /// Decode attention with the head dim as a run-time value (the default is compiled for
+    /// head dims 256 and 512, with its p.V phase by warps).
     #[arg(long)]
-    pub attn_hd_kernels: bool,
-    /// With --attn-hd-kernels: the attention's p.V phase by warps.
+    pub attn_runtime_hd: bool,
+    /// Decode attention's p.V phase by threads, one dimension each, instead of by warps.
     #[arg(long)]
-    pub attn_warp_values: bool,
+    pub no_attn_warp_values: bool,
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
@@ -674,9 +675,10 @@ pub struct GpuVariantArgs {
     /// Tensor-core GEMVs stream their weights through a cp.async ring in shared memory.
     #[arg(long)]
     pub tc_ring: bool,
-    /// Residual norms from per-tile statistics of the producing GEMV (tensor cores).
+    /// Small tensor-core GEMVs (up to 8 MB) split along K across blocks instead of with their
+    /// 16-row tiles shared by up to 8 warps along K inside a block (the default).
     #[arg(long)]
-    pub norm_stats: bool,
+    pub no_tc_kwarps: bool,
     /// Every decode kernel pulls the weights of the N-th GEMV after it into L2 (0: off).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub l2_prefetch: usize,
@@ -696,12 +698,12 @@ impl GpuVariantArgs {
             attn_prefetch: self.attn_prefetch,
             single_kernel: self.single_kernel,
             attn_smem_tile: self.attn_tile,
-            attn_by_head_dim: self.attn_hd_kernels,
-            attn_warp_values: self.attn_warp_values,
+            attn_by_head_dim: !self.attn_runtime_hd,
+            attn_warp_values: !self.no_attn_warp_values,
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
             tensor_core_ring: self.tc_ring,
-            norm_stats: self.norm_stats,
+            tensor_core_kwarps: !self.no_tc_kwarps,
             l2_prefetch: self.l2_prefetch,
             l2_prefetch_own: self.l2_prefetch_own,
             ..o

@@ -33,11 +33,7 @@ pub(crate) struct GemvParams {
     pub(crate) gather_scale: f32,
     pub(crate) int4: i32,
     pub(crate) in_glu: i32,
-    pub(crate) stats_out: u64,
-    pub(crate) stats_r: u64,
-    pub(crate) stats_w: u64,
-    pub(crate) stats_in: u64,
-    pub(crate) stats_tiles: i32,
+    pub(crate) kwarps: i32,
     pub(crate) pf: L2Prefetch,
 }
 
@@ -184,60 +180,6 @@ pub(crate) fn write_param<T: Copy>(params: &mut [u64], at: usize, v: &T) {
             n,
         );
     }
-}
-
-/// Row tiles whose norm statistics a consumer can take (kernels/gemv.cu
-/// `GEMV_STATS_MAX_TILES`).
-pub(crate) const STATS_MAX_TILES: usize = 64;
-
-/// Links each tensor-core GEMV whose prologue adds a residual (and norms it) to the
-/// tensor-core GEMV that produced its input: the producer's blocks (split: the last of each row
-/// tile) write per-tile norm
-/// statistics into `buf` (STATS_MAX_TILES x 4 floats), the consumer reads them instead of
-/// reducing the whole vector (`CudaOptions::norm_stats`). One buffer serves every pair: a
-/// producer writes it only after its wait for the previous kernel, so after the previous
-/// consumer has read it. Returns the number of pairs linked.
-pub(crate) fn link_norm_stats(plan: &mut [Launch], buf: u64) -> usize {
-    let is_mma = |k: &str| k == "gemv_mma" || k == "gemv_mma_u4";
-    let mut linked = 0;
-    for i in 0..plan.len() {
-        // Consumers: the kernels that run gemv_prologue_stats (gemv_mma_tiled).
-        if !is_mma(plan[i].kernel) {
-            continue;
-        }
-        let mut c: GemvParams = read_param(&plan[i].params, 0);
-        let plain_input = c.in_splits == 1 && c.gather_tok == 0 && c.act_mult == 0 && c.in_glu == 0;
-        if c.res_in == 0 || !plain_input {
-            continue;
-        }
-        // The launch that finished this input: the last one before i writing it.
-        let Some(j) = (0..i).rev().find(|&j| {
-            let q: GemvParams = read_param(&plan[j].params, 0);
-            is_mma(plan[j].kernel) && (q.out_final == c.input || q.out == c.input)
-        }) else {
-            continue;
-        };
-        let mut q: GemvParams = read_param(&plan[j].params, 0);
-        let tiles = plan[j].grid.0 as usize;
-        // Split: the finished vector is `out_final`; unsplit: `out`, and each block holds whole
-        // rows.
-        let output = if q.splits > 1 { q.out_final } else { q.out };
-        if q.glu != 0 || output != c.input || q.rows != c.cols {
-            continue;
-        }
-        if tiles > STATS_MAX_TILES {
-            continue;
-        }
-        q.stats_out = buf;
-        q.stats_r = c.res_in;
-        q.stats_w = c.res_w;
-        c.stats_in = buf;
-        c.stats_tiles = tiles as i32;
-        write_param(&mut plan[j].params, 0, &q);
-        write_param(&mut plan[i].params, 0, &c);
-        linked += 1;
-    }
-    linked
 }
 
 /// `launches` captured from the GPU's stream into an instantiated, uploaded CUDA graph.
@@ -422,132 +364,6 @@ mod tests {
 
     fn prefetch_of(l: &Launch) -> L2Prefetch {
         read_param(&l.params, std::mem::offset_of!(GemvParams, pf))
-    }
-
-    fn mma(kernel: &'static str, p: GemvParams, tiles: u32) -> Launch {
-        let mut l = launch([(0x1000, 100), (0, 0)], true);
-        l.kernel = kernel;
-        l.grid = (tiles, p.splits.max(1) as u32, 1);
-        write_param(&mut l.params, 0, &p);
-        l
-    }
-
-    #[test]
-    fn norm_statistics_link_a_split_producer_to_its_residual_consumer() {
-        let producer = GemvParams {
-            out: 0x10,
-            out_final: 0x20,
-            rows: 2560,
-            cols: 2048,
-            splits: 4,
-            ..Default::default()
-        };
-        let consumer = GemvParams {
-            input: 0x20,
-            in_splits: 1,
-            res_in: 0x30,
-            res_w: 0x40,
-            norm_w: 0x50,
-            rows: 20480,
-            cols: 2560,
-            splits: 2,
-            ..Default::default()
-        };
-        let attention = launch([(0, 0), (0, 0)], true);
-        let mut plan = vec![
-            mma("gemv_mma", producer, 20),
-            attention,
-            mma("gemv_mma", consumer, 160),
-        ];
-        assert_eq!(link_norm_stats(&mut plan, 0x99), 1);
-        let q: GemvParams = read_param(&plan[0].params, 0);
-        let c: GemvParams = read_param(&plan[2].params, 0);
-        assert_eq!((q.stats_out, q.stats_r, q.stats_w), (0x99, 0x30, 0x40));
-        assert_eq!((c.stats_in, c.stats_tiles), (0x99, 20));
-
-        // An unsplit producer: its blocks hold whole rows, its output is `out`.
-        let unsplit = GemvParams {
-            splits: 1,
-            out: 0x20,
-            out_final: 0,
-            ..producer
-        };
-        let mut plan = vec![mma("gemv_mma", unsplit, 20), mma("gemv_mma", consumer, 160)];
-        assert_eq!(link_norm_stats(&mut plan, 0x99), 1);
-        let q: GemvParams = read_param(&plan[0].params, 0);
-        assert_eq!(q.stats_out, 0x99);
-
-        // Not linked: a consumer without a residual, a CUDA-core producer, a consumer whose
-        // input is a sum of partials, a GeGLU producer.
-        let no_res = GemvParams {
-            res_in: 0,
-            ..consumer
-        };
-        let partials = GemvParams {
-            in_splits: 3,
-            ..consumer
-        };
-        let glu = GemvParams { glu: 1, ..producer };
-        for plan in [
-            vec![mma("gemv_mma", glu, 20), mma("gemv_mma", consumer, 160)],
-            vec![mma("gemv_mma", producer, 20), mma("gemv_mma", no_res, 160)],
-            vec![mma("gemv", producer, 40), mma("gemv_mma", consumer, 160)],
-            vec![
-                mma("gemv_mma", producer, 20),
-                mma("gemv_mma", partials, 160),
-            ],
-        ] {
-            let mut plan = plan;
-            assert_eq!(link_norm_stats(&mut plan, 0x99), 0);
-            let c: GemvParams = read_param(&plan[1].params, 0);
-            assert_eq!(c.stats_in, 0);
-        }
-    }
-
-    /// The consumer's second norm scale from the producer's per-tile sums (kernels/gemv.cu
-    /// gemv_prologue_stats, computed here the same way in f32) against the direct sum over the
-    /// new residual that the CPU reference takes: equal up to f32 rounding.
-    #[test]
-    fn norm_statistics_give_the_norm_of_the_new_residual() {
-        let (n, eps, c) = (2560usize, 1e-6f32, 1.0f32);
-        let mut seed = 12345u64;
-        let mut rnd = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
-        let r: Vec<f32> = (0..n).map(|_| 4.0 * rnd()).collect();
-        let y: Vec<f32> = (0..n).map(|_| rnd()).collect();
-        let w: Vec<f32> = (0..n).map(|_| 1.0 + 0.2 * rnd()).collect();
-        // Direct: s1 from sum y^2, h = (r + y s1 w) c, s2 from sum h^2.
-        let s1 = 1.0 / ((y.iter().map(|v| v * v).sum::<f32>() / n as f32) + eps).sqrt();
-        let h: Vec<f32> = (0..n).map(|j| (r[j] + y[j] * s1 * w[j]) * c).collect();
-        let direct = 1.0 / ((h.iter().map(|v| v * v).sum::<f32>() / n as f32) + eps).sqrt();
-        // Statistics: per 128-row tile, then the tiles in order.
-        let (mut sy, mut sryw, mut syw, mut sr) = (0f32, 0f32, 0f32, 0f32);
-        for t in 0..n / 128 {
-            let (mut a, mut b, mut cc, mut d) = (0f32, 0f32, 0f32, 0f32);
-            for j in t * 128..(t + 1) * 128 {
-                let yw = y[j] * w[j];
-                a += y[j] * y[j];
-                b += r[j] * yw;
-                cc += yw * yw;
-                d += r[j] * r[j];
-            }
-            sy += a;
-            sryw += b;
-            syw += cc;
-            sr += d;
-        }
-        let s1s = 1.0 / ((sy / n as f32) + eps).sqrt();
-        let hh = c * c * (sr + 2.0 * s1s * sryw + s1s * s1s * syw);
-        let stats = 1.0 / ((hh / n as f32) + eps).sqrt();
-        assert!(((s1s - s1) / s1).abs() < 1e-5, "{s1s} vs {s1}");
-        assert!(
-            ((stats - direct) / direct).abs() < 1e-5,
-            "{stats} vs {direct}"
-        );
     }
 
     #[test]

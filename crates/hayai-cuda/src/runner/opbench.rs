@@ -103,8 +103,6 @@ fn without_norm(l: &Launch) -> Option<Launch> {
     p.res_out = 0;
     p.res_w = 0;
     p.norm_w = 0;
-    p.stats_in = 0;
-    p.stats_tiles = 0;
     let mut m = l.clone();
     write_param(&mut m.params, 0, &p);
     Some(m)

@@ -106,15 +106,32 @@ impl CudaRunner {
                 &p,
             )
         } else if self.tc_gemv && m.int4 {
-            let grid = (m.rows.div_ceil(GEMV_MMA_ROWS) as u32, splits as u32, 1);
             let norms = p.res_in != 0 || p.norm_w != 0;
             let per = (m.cols / 128).div_ceil(splits);
-            let (kernel, smem) = if self.tc_ring {
-                ("gemv_mma_ring", gemv_mma_ring_smem(m.cols, norms, per))
+            if let Some(kw) = self.mma_kwarps_for(m) {
+                // Unsplit (mat_splits): the block's warps share its 16-row tiles along K.
+                let mut p = p;
+                p.kwarps = kw as i32;
+                let grid = (m.rows.div_ceil(GEMV_MMA_ROWS / kw) as u32, 1, 1);
+                let smem = gemv_mma_smem(m.cols, norms, per);
+                Launch::new(
+                    &self.gpu,
+                    label,
+                    gemv_mma_kw_kernel(),
+                    grid,
+                    256,
+                    smem as u32,
+                    &p,
+                )
             } else {
-                (gemv_mma_kernel(), gemv_mma_smem(m.cols, norms, per))
-            };
-            Launch::new(&self.gpu, label, kernel, grid, 256, smem as u32, &p)
+                let grid = (m.rows.div_ceil(GEMV_MMA_ROWS) as u32, splits as u32, 1);
+                let (kernel, smem) = if self.tc_ring {
+                    ("gemv_mma_ring", gemv_mma_ring_smem(m.cols, norms, per))
+                } else {
+                    (gemv_mma_kernel(), gemv_mma_smem(m.cols, norms, per))
+                };
+                Launch::new(&self.gpu, label, kernel, grid, 256, smem as u32, &p)
+            }
         } else {
             let a8 = self.int8_act && m.int4;
             let norms = p.res_in != 0 || p.norm_w != 0;
@@ -165,10 +182,25 @@ impl CudaRunner {
             }
             return splits;
         }
+        if self.mma_kwarps_for(m).is_some() {
+            return 1;
+        }
         if self.tc_gemv && m.int4 {
-            return splits_for(m.rows.div_ceil(16), units, sm, gemv_mma_warps_per_sm());
+            return gemv_mma_splits(m.rows, units, sm);
         }
         splits_for(m.rows.div_ceil(8), units, sm, gemv_warps_per_sm(m.int4))
+    }
+
+    /// Warps per 16-row tile when `m` runs as `gemv_mma_kw` ([`CudaOptions::tensor_core_kwarps`]):
+    /// int4 matrices of at most [`KWARPS_MAX_BYTES`] that `gemv_mma` would split along K and
+    /// whose tiles take more than one warp.
+    fn mma_kwarps_for(&self, m: &DevMat) -> Option<usize> {
+        if !(self.tc_kwarps && m.int4 && m.bytes <= KWARPS_MAX_BYTES) {
+            return None;
+        }
+        let (sm, units) = (self.gpu.sm_count as usize, m.cols / 128);
+        let kw = mma_kwarps(m.rows, units, sm);
+        (kw > 1 && gemv_mma_splits(m.rows, units, sm) > 1).then_some(kw)
     }
 
     /// Resident 256-thread blocks of `kernel` per SM with `smem` bytes of dynamic shared memory.

@@ -117,6 +117,37 @@ pub(crate) fn gemv_mma_kernel() -> &'static str {
     }
 }
 
+/// K splits of `gemv_mma` for `rows` rows of `units` 128-column groups on `sm_count` SMs.
+pub(crate) fn gemv_mma_splits(rows: usize, units: usize, sm_count: usize) -> usize {
+    splits_for(rows.div_ceil(16), units, sm_count, gemv_mma_warps_per_sm())
+}
+
+/// Largest matrix (weights and scales) that `gemv_mma_kw` takes when it is on: measured on the
+/// H200 (E4B shapes, µs per launch against `gemv_mma`), the PLE gate 5.5 -> 4.3, O 4.5 -> 4.0,
+/// QKV 7.4 -> 7.0, but down (13.5 MB) 9.3 -> 12.1 and the lm_head 112 -> 126: the in-block K
+/// sum saves split-K's fixed cost, which only dominates small matrices.
+pub(crate) const KWARPS_MAX_BYTES: usize = 8 << 20;
+
+/// The `gemv_mma_kw` instance (`HAYAI_MMA_U` as for `gemv_mma_kernel`).
+pub(crate) fn gemv_mma_kw_kernel() -> &'static str {
+    match std::env::var("HAYAI_MMA_U").as_deref() {
+        Ok("4") => "gemv_mma_kw_u4",
+        _ => "gemv_mma_kw",
+    }
+}
+
+/// Warps sharing each 16-row tile of `gemv_mma_kw` along K: the power of two (1..8, never more
+/// than the matrix's `units` 128-column groups) that brings the warps of the unsplit grid
+/// closest to, not under, `gemv_mma_warps_per_sm()` per SM where the rows allow it.
+pub(crate) fn mma_kwarps(rows: usize, units: usize, sm_count: usize) -> usize {
+    let want = (sm_count * gemv_mma_warps_per_sm()).div_ceil(rows.div_ceil(16).max(1));
+    let mut kw = want.next_power_of_two().min(8);
+    while kw > 1 && kw > units {
+        kw /= 2;
+    }
+    kw
+}
+
 fn warps_per_sm_env(var: &str) -> Option<usize> {
     std::env::var(var)
         .ok()
@@ -154,6 +185,27 @@ mod tests {
             assert!((1..=MAX_SPLITS).contains(&s));
             assert!(s == 1 || tiles * s <= 264, "{tiles} tiles x {s} splits");
             assert!(s == 1 || units / s >= 4, "{units} groups / {s} splits");
+        }
+    }
+
+    #[test]
+    fn kwarps_fill_the_gpu_without_split_k() {
+        // E4B on 132 SMs (16 warps per SM): QKV (3,072 rows, 20 groups) and O (2,560 rows,
+        // 16 groups) and down (2,560 rows, 80 groups) 8 warps per tile, gate/up (20,480 rows)
+        // 2, the lm_head 1, the PLE projection (K = 256: 2 groups) 2.
+        assert_eq!(mma_kwarps(3072, 20, 132), 8);
+        assert_eq!(mma_kwarps(2560, 80, 132), 8);
+        assert_eq!(mma_kwarps(20480, 20, 132), 2);
+        assert_eq!(mma_kwarps(262144, 20, 132), 1);
+        assert_eq!(mma_kwarps(2560, 2, 132), 2);
+        assert_eq!(mma_kwarps(256, 20, 132), 8);
+        let known = |k: &str| crate::device::KERNELS.iter().any(|&(n, _)| n == k);
+        assert!(known(gemv_mma_kw_kernel()) && known(gemv_mma_kernel()));
+        for rows in [1, 16, 100, 5000, 70000] {
+            for units in [1, 2, 3, 7, 80] {
+                let kw = mma_kwarps(rows, units, 132);
+                assert!(kw.is_power_of_two() && kw <= 8 && (kw == 1 || kw <= units));
+            }
         }
     }
 
