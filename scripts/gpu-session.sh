@@ -68,7 +68,7 @@ run() {
     done
     stage "bf16 with and without the attention defaults; per operation"
     local e4b=(bench-engine --model synth:e4b --device cuda --prompt-len 128 --gen 512)
-    for v in "--quant bf16" "--quant bf16 --attn-runtime-hd --no-attn-warp-values" "--quant bf16" "--quant int4 --ops"; do
+    for v in "--quant bf16" "--quant bf16 --attn-hd-kernels" "--quant bf16" "--quant int4 --ops"; do
       echo "-- $v" | tee -a "$out/session.log"
       timeout 120 .gpu/hayai "${e4b[@]}" $v 2>&1 | sed -n '/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
     done

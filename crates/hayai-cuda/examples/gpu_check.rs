@@ -24,11 +24,20 @@ fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
     }
 }
 
+/// `o` with the attention compiled for the head dim, p.V by warps (the int4 default).
+fn warp_values(o: CudaOptions) -> CudaOptions {
+    CudaOptions {
+        attn_by_head_dim: Some(true),
+        attn_warp_values: true,
+        ..o
+    }
+}
+
 /// `o` with the run-time-head-dim attention (p.V by threads): the sums the shared-memory tile
 /// and the head-dim kernels without warp values reproduce bit for bit.
 fn runtime_attention(o: CudaOptions) -> CudaOptions {
     CudaOptions {
-        attn_by_head_dim: false,
+        attn_by_head_dim: Some(false),
         attn_warp_values: false,
         ..o
     }
@@ -315,7 +324,7 @@ fn main() {
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
         let o = runtime_attention(opts(Quant::Int4, false));
         let hd = CudaOptions {
-            attn_by_head_dim: true,
+            attn_by_head_dim: Some(true),
             ..o.clone()
         };
         let (ok, line) = verdict(
@@ -323,11 +332,17 @@ fn main() {
             "attention by head dim == run-time head dim (256, 512): bit-identical".to_string(),
         );
         check("e4b", ok, line);
-        // The p.V phase by warps (the default) and by threads: two summation orders, each
-        // against the CPU reference.
+        // The p.V phase by warps (the int4 default) and by threads (bf16's): two summation
+        // orders, each against the CPU reference.
         for q in [Quant::Bf16, Quant::Int4] {
-            let (ok, line) =
-                check_parity(&m, &opts(q, false), &p, 8, 1e-3, "attention p.V by warps ");
+            let (ok, line) = check_parity(
+                &m,
+                &warp_values(opts(q, false)),
+                &p,
+                8,
+                1e-3,
+                "attention p.V by warps ",
+            );
             check("e4b", ok, line);
             let (ok, line) = check_parity(
                 &m,
@@ -343,7 +358,7 @@ fn main() {
             for q in [Quant::Bf16, Quant::Int4] {
                 let (ok, line) = check_parity(
                     &m,
-                    &opts(q, false),
+                    &warp_values(opts(q, false)),
                     &p,
                     300,
                     1e-4,
@@ -441,7 +456,7 @@ fn main() {
                     ..o.clone()
                 };
                 let hd = CudaOptions {
-                    attn_by_head_dim: true,
+                    attn_by_head_dim: Some(true),
                     ..o.clone()
                 };
                 for (f, what) in [
@@ -640,9 +655,9 @@ fn main() {
     if want("bench-hd") {
         // The run-time-head-dim attention, then compiled for the head dim with p.V by threads
         // (the default adds p.V by warps).
-        for attn_by_head_dim in [false, true] {
+        for hd in [false, true] {
             runs.push(CudaOptions {
-                attn_by_head_dim,
+                attn_by_head_dim: Some(hd),
                 ..runtime_attention(opts(Quant::Int4, false))
             });
         }

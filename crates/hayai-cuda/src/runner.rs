@@ -528,7 +528,7 @@ impl CudaRunner {
             fuse_ple: opts.fuse_ple,
             tiled_gemv: if opts.gemv_unroll8 { "gemv_u8" } else { "gemv" },
             attn_prefetch: opts.attn_prefetch,
-            attn_by_head_dim: opts.attn_by_head_dim,
+            attn_by_head_dim: opts.uses_head_dim_attention(),
             attn_warp_values: opts.attn_warp_values,
             attn_tile_dims: Vec::new(),
             int8_act: opts.uses_int8_activations(),

@@ -270,7 +270,7 @@ fn attention_variants_are_bit_identical() {
             // The run-time-head-dim kernel with its p.V phase by threads, the same sums as the
             // shared-memory tile and the kernels compiled for a head dim without warp values.
             let a = CudaOptions {
-                attn_by_head_dim: false,
+                attn_by_head_dim: Some(false),
                 attn_warp_values: false,
                 ..opts(q, false)
             };
@@ -281,7 +281,7 @@ fn attention_variants_are_bit_identical() {
             assert!(hayai_cuda::check::same_results(&m, &a, &b, &p, 300).unwrap());
             // Compiled for the head dim (256 here; 128 falls back to the run-time kernel).
             let c = CudaOptions {
-                attn_by_head_dim: true,
+                attn_by_head_dim: Some(true),
                 ..a.clone()
             };
             assert!(hayai_cuda::check::same_results(&m, &a, &c, &p, 300).unwrap());
@@ -339,20 +339,24 @@ fn tensor_core_kwarps_and_split_k_match_the_cpu_reference() {
     });
 }
 
-/// Attention's p.V phase by warps (`CudaOptions::attn_warp_values`, the default) and by
-/// threads (the run-time-head-dim kernel): two summation orders, each the same model to the
+/// Attention's p.V phase by warps (`CudaOptions::attn_warp_values`, the int4 default) and by
+/// threads (the run-time-head-dim kernel, the bf16 default): two summation orders, each the same model to the
 /// usual tolerance, every greedy token identical.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_by_warps_and_by_threads_match_the_cpu_reference() {
     require_gpu();
+    let int4 = opts(Quant::Int4, false);
     assert!(
-        opts(Quant::Int4, false).attn_warp_values,
-        "p.V by warps is the default"
+        int4.uses_head_dim_attention() && int4.attn_warp_values,
+        "the int4 default"
     );
-    assert_variant_parity(23, &[Quant::Bf16, Quant::Int4], |o| o);
+    assert_variant_parity(23, &[Quant::Bf16, Quant::Int4], |o| CudaOptions {
+        attn_by_head_dim: Some(true),
+        ..o
+    });
     assert_variant_parity(25, &[Quant::Bf16, Quant::Int4], |o| CudaOptions {
-        attn_by_head_dim: false,
+        attn_by_head_dim: Some(false),
         attn_warp_values: false,
         ..o
     });

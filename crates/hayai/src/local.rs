@@ -658,10 +658,14 @@ pub struct GpuVariantArgs {
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.
     #[arg(long)]
     pub attn_tile: bool,
-    /// Decode attention with the head dim as a run-time value (the default is compiled for
-    /// head dims 256 and 512, with its p.V phase by warps).
-    #[arg(long)]
+    /// Decode attention with the head dim as a run-time value (the bf16 default; int4's is
+    /// compiled for head dims 256 and 512, with its p.V phase by warps).
+    #[arg(long, conflicts_with = "attn_hd_kernels")]
     pub attn_runtime_hd: bool,
+    /// Decode attention compiled for head dims 256 and 512 (the int4 default) whatever the
+    /// quantization.
+    #[arg(long)]
+    pub attn_hd_kernels: bool,
     /// Decode attention's p.V phase by threads, one dimension each, instead of by warps.
     #[arg(long)]
     pub no_attn_warp_values: bool,
@@ -698,7 +702,13 @@ impl GpuVariantArgs {
             attn_prefetch: self.attn_prefetch,
             single_kernel: self.single_kernel,
             attn_smem_tile: self.attn_tile,
-            attn_by_head_dim: !self.attn_runtime_hd,
+            attn_by_head_dim: if self.attn_runtime_hd {
+                Some(false)
+            } else if self.attn_hd_kernels {
+                Some(true)
+            } else {
+                None
+            },
             attn_warp_values: !self.no_attn_warp_values,
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,

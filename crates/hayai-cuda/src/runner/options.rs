@@ -60,9 +60,9 @@ pub struct CudaOptions {
     pub attn_smem_tile: bool,
     /// Decode attention compiled for the head dim (`attn_split_hd256` / `attn_split_hd512`;
     /// 80 / 128 registers against 159): the same arithmetic without the guards and
-    /// predicated-off lanes of the dims a head does not have. On by default (measured +3.6% on
-    /// E4B shapes, H200); other head dims use the run-time kernel.
-    pub attn_by_head_dim: bool,
+    /// predicated-off lanes of the dims a head does not have; other head dims use the run-time
+    /// kernel. `None` (the default): by quantization, see [`CudaOptions::uses_head_dim_attention`].
+    pub attn_by_head_dim: Option<bool>,
     /// With `attn_by_head_dim`: the p.V phase by warps (`attn_split_wv_hd256/512`: each warp a
     /// quarter of the keys with float4 rows, the four sums added at the end) instead of one
     /// thread per dimension over every key. Sums in another order (tolerance, not bit
@@ -127,8 +127,7 @@ impl Default for CudaOptions {
             gemv_unroll8: false,
             attn_prefetch: false,
             attn_smem_tile: false,
-            // Measured on the H200: 368.9 -> 382.1 -> 386.6 tok/s (docs/performance.md).
-            attn_by_head_dim: true,
+            attn_by_head_dim: None,
             attn_warp_values: true,
             int8_activations: false,
             // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
@@ -154,6 +153,13 @@ impl CudaOptions {
             && self.quant == Quant::Int4
             && !self.uses_int8_activations()
             && !(self.persistent_gemv || self.single_kernel || self.gemv_unroll8 || self.fuse_ple)
+    }
+
+    /// Whether decode attention runs compiled for its head dim ([`CudaOptions::attn_by_head_dim`]).
+    /// By default for int4 only: measured on the H200 (E4B shapes), int4 368.9 -> 386.6 tok/s with
+    /// p.V by warps, bf16 187.3 -> 177.4 (the same builds otherwise, one machine).
+    pub fn uses_head_dim_attention(&self) -> bool {
+        self.attn_by_head_dim.unwrap_or(self.quant == Quant::Int4)
     }
 
     /// Whether the int4 decode GEMVs take int8 activations (`gemv_a8`, tiled GEMV only).
@@ -205,6 +211,14 @@ mod tests {
             tensor_core_kwarps: false,
             ..o.clone()
         };
+        // Attention compiled for the head dim: the int4 default, not bf16's, unless asked.
+        assert!(o.uses_head_dim_attention());
+        let b = |hd| CudaOptions {
+            quant: Quant::Bf16,
+            attn_by_head_dim: hd,
+            ..o.clone()
+        };
+        assert!(!b(None).uses_head_dim_attention() && b(Some(true)).uses_head_dim_attention());
         assert_eq!(
             split_k.gemv_name(),
             "tiled, tensor cores (bf16-pair activations)"
