@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check "hd kw", "bench bench-kw bench-hd" (one process each), then bf16
-#         with and without the attention defaults (A/B/A) and int4 per operation
+#         pending: gpu_check "hd kw tc" and "kw" under HAYAI_KW_MAX_MB=16 (one process each), then
+#         bench-engine A/B runs of the options written since the last GPU run (bf16 A/B/A too)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,17 +60,26 @@ run() {
   if has pending; then
     # One process per group, so a fault in an unrun kernel does not take the others with it.
     local grp
-    for grp in "hd kw" "bench bench-kw bench-hd"; do
-      stage "gpu_check $grp"
-      timeout 300 "$C" $grp > "$out/pending-${grp%% *}.log" 2>&1
-      echo "rc=$?" >> "$out/pending-${grp%% *}.log"
-      grep -E "PASS|FAIL|decode:|quant:|^rc=" "$out/pending-${grp%% *}.log" | tee -a "$out/session.log"
+    for grp in "hd kw tc" "kw:HAYAI_KW_MAX_MB=16"; do
+      local args=${grp%%:*} env=()
+      [ "$grp" != "$args" ] && env=("${grp#*:}")
+      stage "gpu_check $args ${env[*]}"
+      timeout 300 env "${env[@]}" "$C" $args > "$out/pending-${args%% *}${env:+-kwmb}.log" 2>&1
+      echo "rc=$?" >> "$out/pending-${args%% *}${env:+-kwmb}.log"
+      grep -E "PASS|FAIL|^rc=" "$out/pending-${args%% *}${env:+-kwmb}.log" | tee -a "$out/session.log"
     done
-    stage "bf16 with and without the attention defaults; per operation"
+    stage "A/B on E4B shapes (default first and last)"
     local e4b=(bench-engine --model synth:e4b --device cuda --prompt-len 128 --gen 512)
-    for v in "--quant bf16" "--quant bf16 --attn-hd-kernels" "--quant bf16" "--quant int4 --ops"; do
-      echo "-- $v" | tee -a "$out/session.log"
-      timeout 120 .gpu/hayai "${e4b[@]}" $v 2>&1 | sed -n '/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
+    local ab=("--quant int4" "--quant int4 --l2-prefetch-attn 1" "--quant int4 --l2-prefetch-attn 2"
+      "HAYAI_KW_MAX_MB=16 --quant int4" "HAYAI_KW_MAX_MB=32 --quant int4" "--quant int4 --no-tc-kwarps"
+      "--quant bf16" "--quant bf16 --attn-hd-kernels" "--quant bf16" "--quant int4"
+      "--quant int4 --ops" "HAYAI_KW_MAX_MB=16 --quant int4 --ops")
+    local v
+    for v in "${ab[@]}"; do
+      local e=() f=$v
+      if [[ $v == HAYAI_* ]]; then e=("${v%% *}"); f=${v#* }; fi
+      echo "-- ${e[*]} $f" | tee -a "$out/session.log"
+      timeout 120 env "${e[@]}" .gpu/hayai "${e4b[@]}" $f 2>&1 | sed -n '/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
     done
   fi
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi

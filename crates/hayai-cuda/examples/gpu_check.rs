@@ -2,7 +2,7 @@
 //!
 //! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [kw] [hd] [e4b-parity] [prefill] [prefill-e4b]
 //!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
-//!        [bench-a8] [bench-pf] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
+//!        [bench-a8] [bench-pf] [bench-pfa] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
 //!        [bench-bf16-tiled]
 //!        (default: all)
 
@@ -262,6 +262,16 @@ fn main() {
                     8,
                     100,
                     "own-weight L2 prefetch == without",
+                ),
+                (
+                    tc(false),
+                    CudaOptions {
+                        l2_prefetch_attn: 2,
+                        ..tc(false)
+                    },
+                    8,
+                    100,
+                    "attention's L2 prefetch of gate/up == without",
                 ),
                 (
                     split_k.clone(),
@@ -659,6 +669,15 @@ fn main() {
             runs.push(CudaOptions {
                 attn_by_head_dim: Some(hd),
                 ..runtime_attention(opts(Quant::Int4, false))
+            });
+        }
+    }
+    if want("bench-pfa") {
+        // Attention pulls the weights of the GEMV one (O) or two (gate/up) after it into L2.
+        for n in [1, 2] {
+            runs.push(CudaOptions {
+                l2_prefetch_attn: n,
+                ..opts(Quant::Int4, false)
             });
         }
     }

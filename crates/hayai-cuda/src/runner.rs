@@ -274,6 +274,8 @@ pub struct CudaRunner {
     l2_prefetch: usize,
     /// See [`CudaOptions::l2_prefetch_own`].
     l2_prefetch_own: bool,
+    /// See [`CudaOptions::l2_prefetch_attn`].
+    l2_prefetch_attn: usize,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
     attn_tile_dims: Vec<usize>,
     /// The single-kernel step's launch shape, when it is in use.
@@ -539,6 +541,7 @@ impl CudaRunner {
                 && !opts.tensor_core_ring,
             l2_prefetch: opts.l2_prefetch,
             l2_prefetch_own: opts.l2_prefetch_own,
+            l2_prefetch_attn: opts.l2_prefetch_attn,
             step_kernel: None,
             step_profile: None,
             step_bufs: Vec::new(),
@@ -566,7 +569,18 @@ impl CudaRunner {
             r.attn_tile_dims = dims;
         }
         r.plan = r.build_plan(sm)?;
-        link_prefetches(&mut r.plan, r.l2_prefetch, r.l2_prefetch_own);
+        link_prefetches(
+            &mut r.plan,
+            r.l2_prefetch,
+            r.l2_prefetch_own,
+            PrefetchFrom::Every,
+        );
+        link_prefetches(
+            &mut r.plan,
+            r.l2_prefetch_attn,
+            false,
+            PrefetchFrom::Attention,
+        );
         if r.step_kernel.is_some() {
             r.plan = vec![r.step_launch()?];
         }

@@ -689,6 +689,10 @@ pub struct GpuVariantArgs {
     /// Every decode GEMV pulls its own weights into L2 before waiting for the previous kernel.
     #[arg(long)]
     pub l2_prefetch_own: bool,
+    /// Every decode attention pulls the weights of the N-th GEMV after it into L2 (0: off;
+    /// 2: gate/up).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub l2_prefetch_attn: usize,
 }
 
 impl GpuVariantArgs {
@@ -716,6 +720,7 @@ impl GpuVariantArgs {
             tensor_core_kwarps: !self.no_tc_kwarps,
             l2_prefetch: self.l2_prefetch,
             l2_prefetch_own: self.l2_prefetch_own,
+            l2_prefetch_attn: self.l2_prefetch_attn,
             ..o
         }
     }

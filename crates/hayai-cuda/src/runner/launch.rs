@@ -308,10 +308,20 @@ impl Launch {
 /// request only evicts what the current kernel still needs).
 pub(crate) const L2_PREFETCH_MAX: usize = 32 << 20;
 
-/// Points every launch that takes an `L2Prefetch` at the weights of the `ahead`-th launch after
-/// it that reads weights (within the step), or with `ahead` 0 and `own`, every weighted launch at
-/// its own weights (none for `ahead` 0 without `own`).
-pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize, own: bool) {
+/// Which launches [`link_prefetches`] gives a prefetch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PrefetchFrom {
+    Every,
+    /// Only the decode attention launches (label "attention"): the one kernel of a layer that
+    /// reads almost nothing from DRAM.
+    Attention,
+}
+
+/// Points every launch that takes an `L2Prefetch` (or, with [`PrefetchFrom::Attention`], every
+/// attention launch) at the weights of the `ahead`-th launch after it that reads weights (within
+/// the step), or with `ahead` 0 and `own`, every weighted launch at its own weights (none for
+/// `ahead` 0 without `own`).
+pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize, own: bool, from: PrefetchFrom) {
     if ahead == 0 && !own {
         return;
     }
@@ -319,6 +329,9 @@ pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize, own: bool) {
         .filter(|&j| plan[j].reads[0].1 > 0)
         .collect();
     for i in 0..plan.len() {
+        if from == PrefetchFrom::Attention && plan[i].label != "attention" {
+            continue;
+        }
         let j = if ahead == 0 {
             if plan[i].reads[0].1 == 0 {
                 continue;
@@ -367,6 +380,23 @@ mod tests {
     }
 
     #[test]
+    fn attention_launches_alone_can_prefetch_a_later_gemv() {
+        let mut plan = vec![
+            launch([(0x1000, 100), (0x2000, 10)], true), // 0: QKV
+            launch([(0, 0), (0, 0)], true),              // 1: attention
+            launch([(0x3000, 300), (0x3800, 30)], true), // 2: O
+            launch([(0x4000, 400), (0x4800, 40)], true), // 3: gate/up
+        ];
+        plan[1].label = "attention";
+        link_prefetches(&mut plan, 2, false, PrefetchFrom::Attention);
+        let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
+        assert_eq!((pf[1].p, pf[1].bytes), ([0x4000, 0x4800], [400, 40]));
+        for i in [0, 2, 3] {
+            assert_eq!(pf[i].p, [0, 0], "launch {i} is not attention");
+        }
+    }
+
+    #[test]
     fn each_launch_prefetches_the_weights_of_the_nth_weighted_launch_after_it() {
         let big = L2_PREFETCH_MAX + 1;
         let mk = || {
@@ -379,7 +409,7 @@ mod tests {
             ]
         };
         let mut plan = mk();
-        link_prefetches(&mut plan, 1, false);
+        link_prefetches(&mut plan, 1, false, PrefetchFrom::Every);
         let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
         assert_eq!((pf[0].p, pf[0].bytes), ([0x3000, 0], [300, 0]));
         assert_eq!((pf[1].p, pf[1].bytes), ([0x3000, 0], [300, 0]));
@@ -391,19 +421,19 @@ mod tests {
 
         // Two ahead: launch 0 and 1 would take launch 3 (too large), launch 2 takes launch 4.
         let mut plan = mk();
-        link_prefetches(&mut plan, 2, false);
+        link_prefetches(&mut plan, 2, false, PrefetchFrom::Every);
         let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
         assert_eq!(pf[0].p, [0, 0]);
         assert_eq!(pf[1].p, [0, 0]);
         assert_eq!((pf[2].p, pf[2].bytes), ([0x5000, 0], [500, 0]));
         assert_eq!(pf[3].p, [0, 0]);
         let mut plan = mk();
-        link_prefetches(&mut plan, 0, false);
+        link_prefetches(&mut plan, 0, false, PrefetchFrom::Every);
         assert!(plan.iter().map(prefetch_of).all(|p| p.p == [0, 0]));
 
         // Own weights: every weighted launch under the limit takes its own.
         let mut plan = mk();
-        link_prefetches(&mut plan, 0, true);
+        link_prefetches(&mut plan, 0, true, PrefetchFrom::Every);
         let pf: Vec<L2Prefetch> = plan.iter().map(prefetch_of).collect();
         assert_eq!((pf[0].p, pf[0].bytes), ([0x1000, 0x2000], [100, 10]));
         assert_eq!(pf[1].p, [0, 0]);

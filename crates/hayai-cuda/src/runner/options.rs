@@ -104,6 +104,11 @@ pub struct CudaOptions {
     /// the previous kernel, so its later weight batches hit L2 instead of each costing a DRAM
     /// round trip (`l2_prefetch` 0 only; same 32 MB limit). A hint: results unchanged.
     pub l2_prefetch_own: bool,
+    /// Each decode attention launch pulls into L2 the weights of the `l2_prefetch_attn`-th GEMV
+    /// after it (0: off; 2: the gate/up projection, after O), before it waits for QKV: attention
+    /// reads almost nothing from DRAM, so the gate/up weights could arrive while attention and
+    /// O run. A hint: results unchanged. Off until measured.
+    pub l2_prefetch_attn: usize,
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
@@ -138,6 +143,7 @@ impl Default for CudaOptions {
             single_kernel: false,
             l2_prefetch: 0,
             l2_prefetch_own: false,
+            l2_prefetch_attn: 0,
             batched_prefill: true,
             precise_prefill: false,
         }

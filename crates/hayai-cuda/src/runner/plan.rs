@@ -108,11 +108,17 @@ impl CudaRunner {
         } else if self.tc_gemv && m.int4 {
             let norms = p.res_in != 0 || p.norm_w != 0;
             let per = (m.cols / 128).div_ceil(splits);
-            if let Some(kw) = self.mma_kwarps_for(m) {
-                // Unsplit (mat_splits): the block's warps share its 16-row tiles along K.
+            if let Some((kw, _)) = self.mma_kwarps_for(m) {
+                // The block's warps share its 16-row tiles along K (`splits` from mat_splits:
+                // 1 up to KWARPS_MAX_BYTES).
+                // The split sum's GeGLU pairs rows by warp shuffles over whole 32-row warps.
+                assert!(
+                    splits == 1 || p.glu == 0 || GEMV_MMA_ROWS / kw >= 32,
+                    "{label}: a split GeGLU needs tiles of at least 32 rows (HAYAI_KW_MAX_MB)"
+                );
                 let mut p = p;
                 p.kwarps = kw as i32;
-                let grid = (m.rows.div_ceil(GEMV_MMA_ROWS / kw) as u32, 1, 1);
+                let grid = (m.rows.div_ceil(GEMV_MMA_ROWS / kw) as u32, splits as u32, 1);
                 let smem = gemv_mma_smem(m.cols, norms, per);
                 Launch::new(
                     &self.gpu,
@@ -182,8 +188,8 @@ impl CudaRunner {
             }
             return splits;
         }
-        if self.mma_kwarps_for(m).is_some() {
-            return 1;
+        if let Some((_, splits)) = self.mma_kwarps_for(m) {
+            return splits;
         }
         if self.tc_gemv && m.int4 {
             return gemv_mma_splits(m.rows, units, sm);
@@ -191,16 +197,18 @@ impl CudaRunner {
         splits_for(m.rows.div_ceil(8), units, sm, gemv_warps_per_sm(m.int4))
     }
 
-    /// Warps per 16-row tile when `m` runs as `gemv_mma_kw` ([`CudaOptions::tensor_core_kwarps`]):
-    /// int4 matrices of at most [`KWARPS_MAX_BYTES`] that `gemv_mma` would split along K and
-    /// whose tiles take more than one warp.
-    fn mma_kwarps_for(&self, m: &DevMat) -> Option<usize> {
-        if !(self.tc_kwarps && m.int4 && m.bytes <= KWARPS_MAX_BYTES) {
+    /// Warps per 16-row tile and K splits when `m` runs as `gemv_mma_kw`
+    /// ([`CudaOptions::tensor_core_kwarps`]): int4 matrices of at most [`KWARPS_MAX_BYTES`]
+    /// (`kwarps_max_bytes`) that `gemv_mma` would split along K and whose tiles take more than
+    /// one warp.
+    fn mma_kwarps_for(&self, m: &DevMat) -> Option<(usize, usize)> {
+        if !(self.tc_kwarps && m.int4 && m.bytes <= kwarps_max_bytes()) {
             return None;
         }
         let (sm, units) = (self.gpu.sm_count as usize, m.cols / 128);
         let kw = mma_kwarps(m.rows, units, sm);
-        (kw > 1 && gemv_mma_splits(m.rows, units, sm) > 1).then_some(kw)
+        (kw > 1 && gemv_mma_splits(m.rows, units, sm) > 1)
+            .then(|| (kw, mma_kw_splits(m.bytes, m.rows, units, kw, sm)))
     }
 
     /// Resident 256-thread blocks of `kernel` per SM with `smem` bytes of dynamic shared memory.

@@ -128,6 +128,35 @@ pub(crate) fn gemv_mma_splits(rows: usize, units: usize, sm_count: usize) -> usi
 /// sum saves split-K's fixed cost, which only dominates small matrices.
 pub(crate) const KWARPS_MAX_BYTES: usize = 8 << 20;
 
+/// [`KWARPS_MAX_BYTES`], or `HAYAI_KW_MAX_MB` MiB (measurements: larger matrices then run as
+/// `gemv_mma_kw` too, with [`mma_kw_splits`]).
+pub(crate) fn kwarps_max_bytes() -> usize {
+    std::env::var("HAYAI_KW_MAX_MB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(KWARPS_MAX_BYTES, |mb| mb << 20)
+}
+
+/// K splits of a `gemv_mma_kw` matrix of `bytes`: none up to [`KWARPS_MAX_BYTES`] (measured);
+/// above it (only under `HAYAI_KW_MAX_MB`) as many as bring the grid's warps to
+/// `gemv_mma_warps_per_sm()` per SM, each warp keeping at least two 128-column groups.
+pub(crate) fn mma_kw_splits(
+    bytes: usize,
+    rows: usize,
+    units: usize,
+    kw: usize,
+    sm: usize,
+) -> usize {
+    if bytes <= KWARPS_MAX_BYTES {
+        return 1;
+    }
+    let warps = rows.div_ceil(16) * kw;
+    (sm * gemv_mma_warps_per_sm())
+        .div_ceil(warps.max(1))
+        .clamp(1, MAX_SPLITS)
+        .min((units / (2 * kw)).max(1))
+}
+
 /// The `gemv_mma_kw` instance (`HAYAI_MMA_U` as for `gemv_mma_kernel`).
 pub(crate) fn gemv_mma_kw_kernel() -> &'static str {
     match std::env::var("HAYAI_MMA_U").as_deref() {
@@ -207,6 +236,15 @@ mod tests {
                 assert!(kw.is_power_of_two() && kw <= 8 && (kw == 1 || kw <= units));
             }
         }
+    }
+
+    #[test]
+    fn kw_splits_only_above_the_measured_size() {
+        // Down (2,560 rows, 80 groups, 13.5 MB) at 8 warps per tile: 2 splits of 5 groups per
+        // warp; anything up to 8 MB unsplit.
+        assert_eq!(mma_kw_splits(13 << 20, 2560, 80, 8, 132), 2);
+        assert_eq!(mma_kw_splits(4 << 20, 3072, 20, 8, 132), 1);
+        assert_eq!(mma_kw_splits(20 << 20, 16, 8, 8, 132), 1);
     }
 
     #[test]
