@@ -24,6 +24,9 @@ fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
     }
 }
 
+/// A change of options (an attention order, a GEMV variant) applied to a base.
+type Variant = fn(CudaOptions) -> CudaOptions;
+
 /// `o` with the attention compiled for the head dim, p.V by warps (the int4 default).
 fn warp_values(o: CudaOptions) -> CudaOptions {
     CudaOptions {
@@ -344,46 +347,22 @@ fn main() {
         check("e4b", ok, line);
         // The p.V phase by warps (the int4 default) and by threads (bf16's): two summation
         // orders, each against the CPU reference.
+        let orders: [(Variant, &str); 2] = [
+            (warp_values, "attention p.V by warps "),
+            (runtime_attention, "attention p.V by threads "),
+        ];
         for q in [Quant::Bf16, Quant::Int4] {
-            let (ok, line) = check_parity(
-                &m,
-                &warp_values(opts(q, false)),
-                &p,
-                8,
-                1e-3,
-                "attention p.V by warps ",
-            );
-            check("e4b", ok, line);
-            let (ok, line) = check_parity(
-                &m,
-                &runtime_attention(opts(q, false)),
-                &p,
-                8,
-                1e-3,
-                "attention p.V by threads ",
-            );
-            check("e4b", ok, line);
+            for (order, what) in orders {
+                let (ok, line) = check_parity(&m, &order(opts(q, false)), &p, 8, 1e-3, what);
+                check("e4b", ok, line);
+            }
         }
         for (name, m, p) in small_models(32) {
             for q in [Quant::Bf16, Quant::Int4] {
-                let (ok, line) = check_parity(
-                    &m,
-                    &warp_values(opts(q, false)),
-                    &p,
-                    300,
-                    1e-4,
-                    "attention p.V by warps ",
-                );
-                check(name, ok, line);
-                let (ok, line) = check_parity(
-                    &m,
-                    &runtime_attention(opts(q, false)),
-                    &p,
-                    300,
-                    1e-4,
-                    "attention p.V by threads ",
-                );
-                check(name, ok, line);
+                for (order, what) in orders {
+                    let (ok, line) = check_parity(&m, &order(opts(q, false)), &p, 300, 1e-4, what);
+                    check(name, ok, line);
+                }
             }
         }
     }
