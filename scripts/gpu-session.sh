@@ -10,9 +10,10 @@
 #         (64 MiB per call) for `run real demo ppl`; without the model, carry .gpu and
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
-#         STAGES (default: all but pending): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check "hd kw tc" and "kw" under HAYAI_KW_MAX_MB=16 (one process each), then
-#         bench-engine A/B runs of the options written since the last GPU run (bf16 A/B/A too)
+#         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
+#         pending: gpu_check "hd kw tc", and "kw" under HAYAI_KW_MAX_MB=16 and HAYAI_RING_MB=10-40
+#         (one process each; ~4 min); pending-ab: bench-engine A/B runs of the options written
+#         since the last GPU run, bf16 A/B/A too (~6 min; run it as a call of its own)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,18 +61,23 @@ run() {
   if has pending; then
     # One process per group, so a fault in an unrun kernel does not take the others with it.
     local grp
-    for grp in "hd kw tc" "kw:HAYAI_KW_MAX_MB=16"; do
-      local args=${grp%%:*} env=()
+    local n=0
+    for grp in "hd kw tc" "kw:HAYAI_KW_MAX_MB=16" "kw:HAYAI_RING_MB=10-40"; do
+      local args=${grp%%:*} env=() log
       [ "$grp" != "$args" ] && env=("${grp#*:}")
+      n=$((n + 1)); log="$out/pending-$n.log"
       stage "gpu_check $args ${env[*]}"
-      timeout 300 env "${env[@]}" "$C" $args > "$out/pending-${args%% *}${env:+-kwmb}.log" 2>&1
-      echo "rc=$?" >> "$out/pending-${args%% *}${env:+-kwmb}.log"
-      grep -E "PASS|FAIL|^rc=" "$out/pending-${args%% *}${env:+-kwmb}.log" | tee -a "$out/session.log"
+      timeout 300 env "${env[@]}" "$C" $args > "$log" 2>&1
+      echo "rc=$?" >> "$log"
+      grep -E "PASS|FAIL|^rc=" "$log" | tee -a "$out/session.log"
     done
+  fi
+  if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"
     local e4b=(bench-engine --model synth:e4b --device cuda --prompt-len 128 --gen 512)
     local ab=("--quant int4" "--quant int4 --l2-prefetch-attn 1" "--quant int4 --l2-prefetch-attn 2"
       "HAYAI_KW_MAX_MB=16 --quant int4" "HAYAI_KW_MAX_MB=32 --quant int4" "--quant int4 --no-tc-kwarps"
+      "HAYAI_RING_MB=20-40 --quant int4" "HAYAI_RING_MB=10-40 --quant int4"
       "--quant bf16" "--quant bf16 --attn-hd-kernels" "--quant bf16" "--quant int4"
       "--quant int4 --ops" "HAYAI_KW_MAX_MB=16 --quant int4 --ops")
     local v

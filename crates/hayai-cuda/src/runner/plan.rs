@@ -131,7 +131,7 @@ impl CudaRunner {
                 )
             } else {
                 let grid = (m.rows.div_ceil(GEMV_MMA_ROWS) as u32, splits as u32, 1);
-                let (kernel, smem) = if self.tc_ring {
+                let (kernel, smem) = if self.ring_for(m) {
                     ("gemv_mma_ring", gemv_mma_ring_smem(m.cols, norms, per))
                 } else {
                     (gemv_mma_kernel(), gemv_mma_smem(m.cols, norms, per))
@@ -177,7 +177,7 @@ impl CudaRunner {
                 .clamp(1, MAX_SPLITS)
                 .min((units / 4).max(1));
         }
-        if self.tc_ring && m.int4 {
+        if self.ring_for(m) {
             // Two blocks per SM if this split's shared memory allows it, else what it allows.
             let tiles = m.rows.div_ceil(GEMV_MMA_ROWS);
             let mut splits = ring_splits(tiles, units, 2 * sm);
@@ -202,13 +202,24 @@ impl CudaRunner {
     /// (`kwarps_max_bytes`) that `gemv_mma` would split along K and whose tiles take more than
     /// one warp.
     fn mma_kwarps_for(&self, m: &DevMat) -> Option<(usize, usize)> {
-        if !(self.tc_kwarps && m.int4 && m.bytes <= kwarps_max_bytes()) {
+        if !(self.tc_kwarps && m.int4 && m.bytes <= kwarps_max_bytes()) || self.ring_for(m) {
             return None;
         }
         let (sm, units) = (self.gpu.sm_count as usize, m.cols / 128);
         let kw = mma_kwarps(m.rows, units, sm);
         (kw > 1 && gemv_mma_splits(m.rows, units, sm) > 1)
             .then(|| (kw, mma_kw_splits(m.bytes, m.rows, units, kw, sm)))
+    }
+
+    /// Whether `m` streams its weights through `gemv_mma_ring`: every int4 matrix with
+    /// [`CudaOptions::tensor_core_ring`], or (a measurement switch) those whose size falls in
+    /// `HAYAI_RING_MB=LO-HI` on the tensor-core path — e.g. gate/up alone, whose blocks can fill
+    /// their rings during the short O projection before it.
+    fn ring_for(&self, m: &DevMat) -> bool {
+        let mb = m.bytes >> 20;
+        m.int4
+            && (self.tc_ring
+                || self.tc_gemv && ring_mb_range().is_some_and(|(lo, hi)| (lo..=hi).contains(&mb)))
     }
 
     /// Resident 256-thread blocks of `kernel` per SM with `smem` bytes of dynamic shared memory.

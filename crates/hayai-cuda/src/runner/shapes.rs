@@ -27,6 +27,18 @@ pub(crate) fn gemv_mma_ring_smem(cols: usize, norms: bool, groups: usize) -> usi
     gemv_mma_smem(cols, norms, groups) + GEMV_MMA_ROWS * groups * 2 + GEMV_MMA_RING * 2 * 256 * 16
 }
 
+/// `HAYAI_RING_MB=LO-HI` (MiB, inclusive): the int4 matrices that take `gemv_mma_ring` on the
+/// tensor-core path (a measurement switch; `CudaOptions::tensor_core_ring` takes every one).
+pub(crate) fn ring_mb_range() -> Option<(usize, usize)> {
+    parse_mb_range(&std::env::var("HAYAI_RING_MB").ok()?)
+}
+
+fn parse_mb_range(v: &str) -> Option<(usize, usize)> {
+    let (lo, hi) = v.split_once('-')?;
+    let (lo, hi) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+    (lo <= hi).then_some((lo, hi))
+}
+
 /// Split-K of `gemv_mma_ring` for `tiles` row tiles: as many splits as keep the grid within the
 /// blocks the GPU holds at once (`resident`), never under 4 groups per split.
 pub(crate) fn ring_splits(tiles: usize, units: usize, resident: usize) -> usize {
@@ -235,6 +247,15 @@ mod tests {
                 let kw = mma_kwarps(rows, units, 132);
                 assert!(kw.is_power_of_two() && kw <= 8 && (kw == 1 || kw <= units));
             }
+        }
+    }
+
+    #[test]
+    fn ring_size_ranges_parse() {
+        assert_eq!(parse_mb_range("20-40"), Some((20, 40)));
+        assert_eq!(parse_mb_range(" 10 - 10 "), Some((10, 10)));
+        for bad in ["", "20", "40-20", "a-b", "-3"] {
+            assert_eq!(parse_mb_range(bad), None, "{bad}");
         }
     }
 
