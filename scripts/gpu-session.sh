@@ -11,7 +11,7 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check "hd kw tc", and "kw" under HAYAI_KW_MAX_MB=16 and HAYAI_RING_MB=10-40
+#         pending: gpu_check "hd kw tc ad", and "kw" under HAYAI_KW_MAX_MB=16 and HAYAI_RING_MB=10-40
 #         (one process each; ~4 min); pending-ab: bench-engine A/B runs of the options written
 #         since the last GPU run, bf16 A/B/A too (~6 min; run it as a call of its own)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
@@ -62,7 +62,7 @@ run() {
     # One process per group, so a fault in an unrun kernel does not take the others with it.
     local grp
     local n=0
-    for grp in "hd kw tc" "kw:HAYAI_KW_MAX_MB=16" "kw:HAYAI_RING_MB=10-40"; do
+    for grp in "hd kw tc ad" "kw:HAYAI_KW_MAX_MB=16" "kw:HAYAI_RING_MB=10-40"; do
       local args=${grp%%:*} env=() log
       [ "$grp" != "$args" ] && env=("${grp#*:}")
       n=$((n + 1)); log="$out/pending-$n.log"
@@ -78,6 +78,8 @@ run() {
     local ab=("--quant int4" "--quant int4 --l2-prefetch-attn 1" "--quant int4 --l2-prefetch-attn 2"
       "HAYAI_KW_MAX_MB=16 --quant int4" "HAYAI_KW_MAX_MB=32 --quant int4" "--quant int4 --no-tc-kwarps"
       "HAYAI_RING_MB=20-40 --quant int4" "HAYAI_RING_MB=10-40 --quant int4"
+      "--quant int4 --max-context 8192" "--quant int4 --max-context 8192 --attn-adaptive-splits"
+      "--quant int4 --attn-adaptive-splits"
       "--quant bf16" "--quant bf16 --attn-hd-kernels" "--quant bf16" "--quant int4"
       "--quant int4 --ops" "HAYAI_KW_MAX_MB=16 --quant int4 --ops")
     local v

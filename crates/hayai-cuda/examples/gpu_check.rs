@@ -1,6 +1,6 @@
 //! Parity and speed checks on a GPU machine (run by `scripts/gpu-check.sh`).
 //!
-//! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [kw] [hd] [e4b-parity] [prefill] [prefill-e4b]
+//! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [kw] [ad] [hd] [e4b-parity] [prefill] [prefill-e4b]
 //!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
 //!        [bench-a8] [bench-pf] [bench-pfa] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
 //!        [bench-bf16-tiled]
@@ -329,6 +329,39 @@ fn main() {
             let (ok, line) = check_parity(&m, &split(kw), &p, 8, 1e-3, what);
             check("e4b", ok, line);
         }
+    }
+    if want("ad") {
+        // Attention splits adapted to the context (at least 8 keys each) in a plan sized for a
+        // long context, so most of the grid's splits sit out: against the CPU reference.
+        let ad = |q: Quant, max_context: usize| CudaOptions {
+            attn_adaptive_splits: true,
+            max_context: Some(max_context),
+            ..warp_values(opts(q, false))
+        };
+        for (name, m, p) in small_models(32) {
+            for q in [Quant::Bf16, Quant::Int4] {
+                let (ok, line) = check_parity(
+                    &m,
+                    &ad(q, m.spec.max_context),
+                    &p,
+                    300,
+                    1e-4,
+                    "adaptive splits ",
+                );
+                check(name, ok, line);
+            }
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        let (ok, line) = check_parity(
+            &m,
+            &ad(Quant::Int4, 8192),
+            &p,
+            8,
+            1e-3,
+            "adaptive splits, 8192 ",
+        );
+        check("e4b", ok, line);
     }
     if want("hd") {
         // Attention compiled for head dims 256 and 512 (E4B's sliding and global layers)

@@ -125,7 +125,11 @@ __device__ void attn_tile_copy(const AttnParams& p, int s, int h, float* kt, flo
 // row (as the q.k phase does), then the four warps' sums are added in order — a quarter of the
 // loads, address math and predicated-off lanes per key; sums in another order than the
 // thread-per-dimension loop (same tolerance to the CPU reference).
-template <class G, int KU = 4, int VU = 8, int NVT = 0>
+// MINK > 0: only as many of the grid's p.splits splits as give each at least MINK keys take part
+// (the others return at once; the merge adds only those), so a plan sized for a long context
+// (p.splits = max_keys / 32, up to 128) does not split a short one into 1-key pieces and merge
+// 128 partials. The split boundaries, hence the sums' order, depend on the context only.
+template <class G, int KU = 4, int VU = 8, int NVT = 0, int MINK = 0>
 __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
                           unsigned long long* stamps = nullptr, const float* kt = nullptr,
                           const float* vt = nullptr, const float* cw = nullptr,
@@ -140,7 +144,8 @@ __device__ void attn_item(const AttnParams& p, int s, int h, AttnSmem& sm, G gr,
     const int pos = *p.pos;
     const int n_keys = p.window > 0 ? min(pos + 1, p.window) : pos + 1;
     const int first = pos + 1 - n_keys;
-    const int splits = p.splits;
+    const int splits = MINK ? min(p.splits, (n_keys + MINK - 1) / MINK) : p.splits;
+    if (MINK && s >= splits) return;  // block-uniform: s is the block's split
     const int chunk = (n_keys + splits - 1) / splits;
     const int k0 = s * chunk, k1 = min(n_keys, k0 + chunk);
     const int g = h / (p.nh / p.nkv);
@@ -378,7 +383,7 @@ struct AttnConstants {
     }
 };
 
-template <int NVT, bool BY_WARP = false>
+template <int NVT, bool BY_WARP = false, int MINK = 0>
 __device__ __forceinline__ void attn_split_block(const AttnParams& p) {
     __shared__ AttnSmem sm;
     __shared__ float cw[1280];
@@ -390,7 +395,7 @@ __device__ __forceinline__ void attn_split_block(const AttnParams& p) {
     pdl_wait();
     pdl_launch_dependents();
     if (p.qkv) c.store(p, cw);
-    attn_item<BlockThreads, 4, 8, NVT>(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr,
+    attn_item<BlockThreads, 4, 8, NVT, MINK>(p, blockIdx.x, blockIdx.y, sm, BlockThreads{}, nullptr,
                                        nullptr, nullptr, p.qkv ? cw : nullptr,
                                        BY_WARP ? vred : nullptr);
 }
@@ -414,6 +419,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd256(c
 }
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd512(const AttnParams p) {
     attn_split_block<4, true>(p);
+}
+
+// The same with at least ATTN_MIN_KEYS keys per split taking part (attn_item's MINK;
+// CudaOptions::attn_adaptive_splits).
+#define ATTN_MIN_KEYS 8
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd256_k8(const AttnParams p) {
+    attn_split_block<2, true, ATTN_MIN_KEYS>(p);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd512_k8(const AttnParams p) {
+    attn_split_block<4, true, ATTN_MIN_KEYS>(p);
 }
 
 // attn_split with the split's K/V tile copied into shared memory (dynamic, 2 x ATTN_TILE x hd

@@ -18,7 +18,9 @@ pub struct BenchOptions {
     /// Decode runs (after one warm-up run); the median is reported.
     pub runs: usize,
     /// The runner's options (quantization, device, decode-kernel variants); the benchmark sets
-    /// `max_context` to what it needs and always replays the graph.
+    /// `max_context` to what it needs (or keeps a larger one asked for: the decode plan's
+    /// attention splits follow it, as in a server sized for long contexts) and always replays
+    /// the graph.
     pub cuda: CudaOptions,
     /// Also time every operation of the step on its own (`BenchReport::ops`).
     pub ops: bool,
@@ -196,7 +198,7 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
     let mut r = CudaRunner::new(
         model,
         CudaOptions {
-            max_context: Some(total),
+            max_context: Some(opts.cuda.max_context.map_or(total, |m| m.max(total))),
             use_graph: true,
             ..opts.cuda.clone()
         },

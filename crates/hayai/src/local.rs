@@ -669,6 +669,10 @@ pub struct GpuVariantArgs {
     /// Decode attention's p.V phase by threads, one dimension each, instead of by warps.
     #[arg(long)]
     pub no_attn_warp_values: bool,
+    /// Decode attention splits only as many ways as give each split at least 8 keys of the
+    /// current context (with the head-dim kernels and p.V by warps).
+    #[arg(long)]
+    pub attn_adaptive_splits: bool,
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
@@ -689,6 +693,10 @@ pub struct GpuVariantArgs {
     /// Every decode GEMV pulls its own weights into L2 before waiting for the previous kernel.
     #[arg(long)]
     pub l2_prefetch_own: bool,
+    /// Size the decode plan for N tokens of context (as a server is, 8,192 by default) instead
+    /// of the benchmark's prompt + generation: the attention's split count follows it.
+    #[arg(long, value_name = "N")]
+    pub max_context: Option<usize>,
     /// Every decode attention pulls the weights of the N-th GEMV after it into L2 (0: off;
     /// 2: gate/up).
     #[arg(long, default_value_t = 0, value_name = "N")]
@@ -714,6 +722,7 @@ impl GpuVariantArgs {
                 None
             },
             attn_warp_values: !self.no_attn_warp_values,
+            attn_adaptive_splits: self.attn_adaptive_splits,
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
             tensor_core_ring: self.tc_ring,
@@ -721,6 +730,7 @@ impl GpuVariantArgs {
             l2_prefetch: self.l2_prefetch,
             l2_prefetch_own: self.l2_prefetch_own,
             l2_prefetch_attn: self.l2_prefetch_attn,
+            max_context: self.max_context.or(o.max_context),
             ..o
         }
     }

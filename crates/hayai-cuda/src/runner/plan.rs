@@ -392,7 +392,7 @@ impl CudaRunner {
                 if tile {
                     "attn_split_tile"
                 } else if self.attn_by_head_dim && self.step_kernel.is_none() {
-                    attn_kernel(ls.head_dim, self.attn_warp_values)
+                    attn_kernel(ls.head_dim, self.attn_warp_values, self.attn_min_keys)
                 } else {
                     "attn_split"
                 },
