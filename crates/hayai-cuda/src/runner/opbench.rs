@@ -31,26 +31,28 @@ pub struct OpTime {
 }
 
 impl CudaRunner {
-    /// Times each operation of the plan (by label, in plan order) over `reps` replays of all its
-    /// launches. Needs a fed context (the attention reads the current position).
+    /// Times each operation of the plan (by label, kernel and shape — Gemma 4's sliding and
+    /// global layers apart —, in plan order) over `reps` replays of all its launches. Needs a
+    /// fed context (the attention reads the current position).
     pub(crate) fn bench_ops(&mut self, reps: usize) -> Result<Vec<OpTime>, CudaError> {
         self.gpu.bind()?;
         let io = [0i32, self.len.saturating_sub(1) as i32];
         self.gpu.write(self.scratch.step_io.ptr(), &io)?;
-        let mut labels: Vec<&'static str> = Vec::new();
+        let mut keys: Vec<OpKey> = Vec::new();
         for l in &self.plan {
-            if !labels.contains(&l.label) {
-                labels.push(l.label);
+            if !keys.contains(&op_key(l)) {
+                keys.push(op_key(l));
             }
         }
         let mut out = Vec::new();
-        for label in labels {
+        for key in keys {
             let ls: Vec<Launch> = self
                 .plan
                 .iter()
-                .filter(|l| l.label == label)
+                .filter(|l| op_key(l) == key)
                 .cloned()
                 .collect();
+            let label = key.0;
             let us = self.time_launches(&ls, reps)?;
             let normed: Vec<Launch> = ls.iter().filter_map(without_norm).collect();
             let us_without_norm = if normed.len() == ls.len() {
@@ -86,6 +88,14 @@ impl CudaRunner {
         }
         Ok(best * 1e6 / (reps.max(1) * ls.len()) as f64)
     }
+}
+
+/// What makes launches one operation in [`CudaRunner::bench_ops`]: label, kernel, grid and
+/// weight bytes.
+type OpKey = (&'static str, &'static str, (u32, u32, u32), usize);
+
+fn op_key(l: &Launch) -> OpKey {
+    (l.label, l.kernel, l.grid, l.reads[0].1 + l.reads[1].1)
 }
 
 /// `l` with its prologue's residual add and norms removed, for a GEMV that has them (None
