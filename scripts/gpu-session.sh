@@ -78,8 +78,8 @@ run() {
     local ab=("--quant int4" "--quant int4 --l2-prefetch-attn 1" "--quant int4 --l2-prefetch-attn 2"
       "HAYAI_KW_MAX_MB=16 --quant int4" "HAYAI_KW_MAX_MB=32 --quant int4" "--quant int4 --no-tc-kwarps"
       "HAYAI_RING_MB=20-40 --quant int4" "HAYAI_RING_MB=10-40 --quant int4"
-      "--quant int4 --max-context 8192" "--quant int4 --max-context 8192 --attn-adaptive-splits"
-      "--quant int4 --attn-adaptive-splits"
+      "--quant int4 --max-context 8192" "--quant int4 --max-context 8192 --attn-min-keys 8"
+      "--quant int4 --max-context 8192 --attn-min-keys 32" "--quant int4 --attn-min-keys 32"
       "--quant bf16" "--quant bf16 --attn-hd-kernels" "--quant bf16" "--quant int4"
       "--quant int4 --ops" "HAYAI_KW_MAX_MB=16 --quant int4 --ops")
     local v

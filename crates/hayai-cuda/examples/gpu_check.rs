@@ -331,37 +331,30 @@ fn main() {
         }
     }
     if want("ad") {
-        // Attention splits adapted to the context (at least 8 keys each) in a plan sized for a
-        // long context, so most of the grid's splits sit out: against the CPU reference.
-        let ad = |q: Quant, max_context: usize| CudaOptions {
-            attn_adaptive_splits: true,
+        // Attention splits adapted to the context (at least 8 or 32 keys each) in a plan sized
+        // for a long context, so most of the grid's splits sit out: against the CPU reference.
+        let ad = |q: Quant, max_context: usize, min_keys: usize| CudaOptions {
+            attn_min_keys: min_keys,
             max_context: Some(max_context),
             ..warp_values(opts(q, false))
         };
         for (name, m, p) in small_models(32) {
             for q in [Quant::Bf16, Quant::Int4] {
-                let (ok, line) = check_parity(
-                    &m,
-                    &ad(q, m.spec.max_context),
-                    &p,
-                    300,
-                    1e-4,
-                    "adaptive splits ",
-                );
-                check(name, ok, line);
+                for k in [8, 32] {
+                    let o = ad(q, m.spec.max_context, k);
+                    let what = format!("splits of >= {k} keys ");
+                    let (ok, line) = check_parity(&m, &o, &p, 300, 1e-4, &what);
+                    check(name, ok, line);
+                }
             }
         }
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let (ok, line) = check_parity(
-            &m,
-            &ad(Quant::Int4, 8192),
-            &p,
-            8,
-            1e-3,
-            "adaptive splits, 8192 ",
-        );
-        check("e4b", ok, line);
+        for k in [8, 32] {
+            let what = format!("splits of >= {k} keys, 8192 ");
+            let (ok, line) = check_parity(&m, &ad(Quant::Int4, 8192, k), &p, 8, 1e-3, &what);
+            check("e4b", ok, line);
+        }
     }
     if want("hd") {
         // Attention compiled for head dims 256 and 512 (E4B's sliding and global layers)

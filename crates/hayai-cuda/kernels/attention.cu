@@ -421,14 +421,19 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd512(c
     attn_split_block<4, true>(p);
 }
 
-// The same with at least ATTN_MIN_KEYS keys per split taking part (attn_item's MINK;
-// CudaOptions::attn_adaptive_splits).
-#define ATTN_MIN_KEYS 8
+// The same with only splits of at least 8 or 32 keys taking part (attn_item's MINK;
+// CudaOptions::attn_min_keys).
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd256_k8(const AttnParams p) {
-    attn_split_block<2, true, ATTN_MIN_KEYS>(p);
+    attn_split_block<2, true, 8>(p);
 }
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd512_k8(const AttnParams p) {
-    attn_split_block<4, true, ATTN_MIN_KEYS>(p);
+    attn_split_block<4, true, 8>(p);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd256_k32(const AttnParams p) {
+    attn_split_block<2, true, 32>(p);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_wv_hd512_k32(const AttnParams p) {
+    attn_split_block<4, true, 32>(p);
 }
 
 // attn_split with the split's K/V tile copied into shared memory (dynamic, 2 x ATTN_TILE x hd

@@ -77,6 +77,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("attn_split_wv_hd512", true),
     ("attn_split_wv_hd256_k8", true),
     ("attn_split_wv_hd512_k8", true),
+    ("attn_split_wv_hd256_k32", true),
+    ("attn_split_wv_hd512_k32", true),
     ("attn_split_tile", true),
     ("argmax_stage1", true),
     ("argmax_stage2", true),

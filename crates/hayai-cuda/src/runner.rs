@@ -262,8 +262,8 @@ pub struct CudaRunner {
     attn_by_head_dim: bool,
     /// See [`CudaOptions::attn_warp_values`].
     attn_warp_values: bool,
-    /// See [`CudaOptions::attn_adaptive_splits`].
-    attn_min_keys: bool,
+    /// See [`CudaOptions::attn_min_keys`].
+    attn_min_keys: usize,
     /// int4 GEMVs as `gemv_a8` (int8 activations).
     int8_act: bool,
     /// int4 GEMVs as `gemv_mma` (tensor cores).
@@ -534,7 +534,7 @@ impl CudaRunner {
             attn_prefetch: opts.attn_prefetch,
             attn_by_head_dim: opts.uses_head_dim_attention(),
             attn_warp_values: opts.attn_warp_values,
-            attn_min_keys: opts.attn_adaptive_splits,
+            attn_min_keys: opts.attn_min_keys,
             attn_tile_dims: Vec::new(),
             int8_act: opts.uses_int8_activations(),
             tc_gemv: opts.uses_tensor_cores(),

@@ -669,10 +669,10 @@ pub struct GpuVariantArgs {
     /// Decode attention's p.V phase by threads, one dimension each, instead of by warps.
     #[arg(long)]
     pub no_attn_warp_values: bool,
-    /// Decode attention splits only as many ways as give each split at least 8 keys of the
-    /// current context (with the head-dim kernels and p.V by warps).
-    #[arg(long)]
-    pub attn_adaptive_splits: bool,
+    /// Decode attention splits only as many ways as give each split at least N keys of the
+    /// current context, N = 8 or 32 (with the head-dim kernels and p.V by warps; 0: off).
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = parse_min_keys)]
+    pub attn_min_keys: usize,
     /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
     #[arg(long)]
     pub int8_activations: bool,
@@ -703,6 +703,14 @@ pub struct GpuVariantArgs {
     pub l2_prefetch_attn: usize,
 }
 
+/// `--attn-min-keys`: the values with a compiled kernel.
+fn parse_min_keys(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n @ (0 | 8 | 32)) => Ok(n),
+        _ => Err(format!("`{v}`: expected 0, 8 or 32")),
+    }
+}
+
 impl GpuVariantArgs {
     /// `o` with these variants switched on (or PDL off).
     pub fn apply(&self, o: hayai_cuda::CudaOptions) -> hayai_cuda::CudaOptions {
@@ -722,7 +730,7 @@ impl GpuVariantArgs {
                 None
             },
             attn_warp_values: !self.no_attn_warp_values,
-            attn_adaptive_splits: self.attn_adaptive_splits,
+            attn_min_keys: self.attn_min_keys,
             int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
             tensor_core_ring: self.tc_ring,

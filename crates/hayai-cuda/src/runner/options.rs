@@ -68,13 +68,13 @@ pub struct CudaOptions {
     /// thread per dimension over every key. Sums in another order (tolerance, not bit
     /// identity). On by default (measured +1.2% on top of `attn_by_head_dim`).
     pub attn_warp_values: bool,
-    /// With `attn_warp_values`: of the plan's splits (the longest context's keys / 32, up to
-    /// 128) only as many take part as give each at least 8 keys of the current context
-    /// (`attn_split_wv_hd*_k8`), so a server sized for 8,192 tokens does not cut a 300-token
-    /// context into 128 pieces of 2-3 keys and merge them all. Split boundaries then depend on
-    /// the context only, not on `max_context` (sums in another order: tolerance). Off until
-    /// measured.
-    pub attn_adaptive_splits: bool,
+    /// With `attn_warp_values`, 8 or 32 (0: off): of the plan's splits (the longest context's
+    /// keys / 32, up to 128) only as many take part as give each at least this many keys of the
+    /// current context (`attn_split_wv_hd*_k8` / `_k32`), so a server sized for 8,192 tokens
+    /// does not cut a 300-token context into 128 pieces of 2-3 keys and merge them all. Split
+    /// boundaries then depend on the context only, not on `max_context` (sums in another order:
+    /// tolerance). Off until measured.
+    pub attn_min_keys: usize,
     /// int4 GEMVs with the activation quantized to int8 per 128 columns and DP4A dot products
     /// (`gemv_a8`; tiled GEMV only): ~4x fewer instructions per weight. Changes the arithmetic:
     /// its CPU reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M:
@@ -141,7 +141,7 @@ impl Default for CudaOptions {
             attn_smem_tile: false,
             attn_by_head_dim: None,
             attn_warp_values: true,
-            attn_adaptive_splits: false,
+            attn_min_keys: 0,
             int8_activations: false,
             // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
             tensor_core_gemv: true,

@@ -62,16 +62,18 @@ pub(crate) fn gemv_smem(cols: usize, a8: bool, norms: bool) -> usize {
 /// The decode attention kernel for head dim `hd`: compiled for 256 or 512 (the same arithmetic
 /// as the run-time `attn_split`, without the guards of the dims a head does not have), with
 /// `by_warp` its p.V phase by warps (another summation order), and with `by_warp` and
-/// `min_keys` only as many splits as give each at least 8 keys (`attn_item`'s MINK); other head
-/// dims: `attn_split`.
-pub(crate) fn attn_kernel(hd: usize, by_warp: bool, min_keys: bool) -> &'static str {
+/// `min_keys` 8 or 32 only as many splits as give each at least that many keys (`attn_item`'s
+/// MINK; other values: all splits); other head dims: `attn_split`.
+pub(crate) fn attn_kernel(hd: usize, by_warp: bool, min_keys: usize) -> &'static str {
     match (hd, by_warp, min_keys) {
         (256, false, _) => "attn_split_hd256",
         (512, false, _) => "attn_split_hd512",
-        (256, true, false) => "attn_split_wv_hd256",
-        (512, true, false) => "attn_split_wv_hd512",
-        (256, true, true) => "attn_split_wv_hd256_k8",
-        (512, true, true) => "attn_split_wv_hd512_k8",
+        (256, true, 8) => "attn_split_wv_hd256_k8",
+        (512, true, 8) => "attn_split_wv_hd512_k8",
+        (256, true, 32) => "attn_split_wv_hd256_k32",
+        (512, true, 32) => "attn_split_wv_hd512_k32",
+        (256, true, _) => "attn_split_wv_hd256",
+        (512, true, _) => "attn_split_wv_hd512",
         _ => "attn_split",
     }
 }
@@ -274,19 +276,20 @@ mod tests {
 
     #[test]
     fn attention_kernels_by_head_dim() {
-        assert_eq!(attn_kernel(256, false, false), "attn_split_hd256");
-        assert_eq!(attn_kernel(512, false, true), "attn_split_hd512");
-        assert_eq!(attn_kernel(256, true, false), "attn_split_wv_hd256");
-        assert_eq!(attn_kernel(512, true, false), "attn_split_wv_hd512");
-        assert_eq!(attn_kernel(256, true, true), "attn_split_wv_hd256_k8");
-        assert_eq!(attn_kernel(512, true, true), "attn_split_wv_hd512_k8");
+        assert_eq!(attn_kernel(256, false, 0), "attn_split_hd256");
+        assert_eq!(attn_kernel(512, false, 8), "attn_split_hd512");
+        assert_eq!(attn_kernel(256, true, 0), "attn_split_wv_hd256");
+        assert_eq!(attn_kernel(512, true, 0), "attn_split_wv_hd512");
+        assert_eq!(attn_kernel(256, true, 8), "attn_split_wv_hd256_k8");
+        assert_eq!(attn_kernel(512, true, 32), "attn_split_wv_hd512_k32");
+        assert_eq!(attn_kernel(256, true, 5), "attn_split_wv_hd256");
         // Other head dims run the run-time kernel, with or without the warp p.V phase asked for.
-        assert_eq!(attn_kernel(128, true, true), "attn_split");
-        assert_eq!(attn_kernel(384, false, false), "attn_split");
+        assert_eq!(attn_kernel(128, true, 8), "attn_split");
+        assert_eq!(attn_kernel(384, false, 0), "attn_split");
         // Every name is a kernel of the fatbin's table.
         for hd in [128, 256, 384, 512] {
             for w in [false, true] {
-                for m in [false, true] {
+                for m in [0, 8, 32] {
                     let k = attn_kernel(hd, w, m);
                     assert!(crate::device::KERNELS.iter().any(|(n, _)| *n == k), "{k}");
                 }
