@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check "hd kw tc ad", and "kw" under HAYAI_KW_MAX_MB=16 and HAYAI_RING_MB=10-40
-#         (one process each; ~4 min); pending-ab: bench-engine A/B runs of the options written
+#         pending: gpu_check "hd tc", "kw ad", and "kw" under HAYAI_KW_MAX_MB=16 and
+#         HAYAI_RING_MB=10-40 (one process each; ~7 min); pending-ab: bench-engine A/B runs of the options written
 #         since the last GPU run, bf16 A/B/A too (~6 min; run it as a call of its own)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -62,7 +62,7 @@ run() {
     # One process per group, so a fault in an unrun kernel does not take the others with it.
     local grp
     local n=0
-    for grp in "hd kw tc ad" "kw:HAYAI_KW_MAX_MB=16" "kw:HAYAI_RING_MB=10-40"; do
+    for grp in "hd tc" "kw ad" "kw:HAYAI_KW_MAX_MB=16" "kw:HAYAI_RING_MB=10-40"; do
       local args=${grp%%:*} env=() log
       [ "$grp" != "$args" ] && env=("${grp#*:}")
       n=$((n + 1)); log="$out/pending-$n.log"
