@@ -365,11 +365,7 @@ impl CudaRunner {
                 nkv: ls.n_kv_heads as i32,
                 hd: ls.head_dim as i32,
                 cap: src.cap as i32,
-                window: if ls.sliding {
-                    spec.sliding_window as i32
-                } else {
-                    0
-                },
+                window: attn_window(spec, ls),
                 splits: dl.attn_splits as i32,
                 scale: spec.attn_scale,
                 softcap: spec.attn_softcap.unwrap_or(0.0),

@@ -11,6 +11,7 @@
 
 use hayai_model::ModelError;
 
+use super::shapes::attn_window;
 use super::{CudaRunner, DevMat, RING_SLACK};
 use crate::device::DevBuf;
 use crate::CudaError;
@@ -410,11 +411,7 @@ impl CudaRunner {
                 nkv: ls.n_kv_heads as i32,
                 hd: ls.head_dim as i32,
                 cap: src.cap as i32,
-                window: if ls.sliding {
-                    spec.sliding_window as i32
-                } else {
-                    0
-                },
+                window: attn_window(spec, ls),
                 scale: spec.attn_scale,
                 softcap: spec.attn_softcap.unwrap_or(0.0),
             };

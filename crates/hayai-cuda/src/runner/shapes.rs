@@ -78,6 +78,16 @@ pub(crate) fn attn_kernel(hd: usize, by_warp: bool, min_keys: usize) -> &'static
     }
 }
 
+/// The attention kernels' `window` for a layer: the sliding window's keys, 0 for a global layer
+/// (every key).
+pub(crate) fn attn_window(spec: &hayai_model::ModelSpec, ls: &hayai_model::LayerSpec) -> i32 {
+    if ls.sliding {
+        spec.sliding_window as i32
+    } else {
+        0
+    }
+}
+
 /// Dynamic shared memory of `attn_split_tile` for head dim `hd`: K and V rows of one 32-key tile.
 pub(crate) fn attn_tile_smem(hd: usize) -> usize {
     2 * 32 * hd * 4
