@@ -272,12 +272,6 @@ pub struct CudaRunner {
     tc_ring: bool,
     /// See [`CudaOptions::tensor_core_kwarps`] (never with the ring).
     tc_kwarps: bool,
-    /// See [`CudaOptions::l2_prefetch`].
-    l2_prefetch: usize,
-    /// See [`CudaOptions::l2_prefetch_own`].
-    l2_prefetch_own: bool,
-    /// See [`CudaOptions::l2_prefetch_attn`].
-    l2_prefetch_attn: usize,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
     attn_tile_dims: Vec<usize>,
     /// The single-kernel step's launch shape, when it is in use.
@@ -542,9 +536,6 @@ impl CudaRunner {
             tc_kwarps: opts.uses_tensor_cores()
                 && opts.tensor_core_kwarps
                 && !opts.tensor_core_ring,
-            l2_prefetch: opts.l2_prefetch,
-            l2_prefetch_own: opts.l2_prefetch_own,
-            l2_prefetch_attn: opts.l2_prefetch_attn,
             step_kernel: None,
             step_profile: None,
             step_bufs: Vec::new(),
@@ -574,13 +565,13 @@ impl CudaRunner {
         r.plan = r.build_plan(sm)?;
         link_prefetches(
             &mut r.plan,
-            r.l2_prefetch,
-            r.l2_prefetch_own,
+            opts.l2_prefetch,
+            opts.l2_prefetch_own,
             PrefetchFrom::Every,
         );
         link_prefetches(
             &mut r.plan,
-            r.l2_prefetch_attn,
+            opts.l2_prefetch_attn,
             false,
             PrefetchFrom::Attention,
         );
