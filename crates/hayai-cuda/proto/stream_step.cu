@@ -1,0 +1,1061 @@
+// Prototype of the streamed decode step (docs/performance.md, "the persistent step"): measures
+// whether weights streamed per SM across operation boundaries, with the activations passed along
+// the chain by per-operation counters, get an E4B-shaped int4 GEMV chain close to the DRAM
+// bandwidth. Standalone (nvcc only, no engine), run on the GPU machine by
+// scripts/proto-stream.sh; it checks its own results against a plain GEMV chain.
+//
+// What it models: 1 + 42 x 6 + 1 int4 GEMVs with E4B's shapes (per-layer-embedding model
+// projection; per layer QKV, O, gate/up with GeGLU, down, PLE gate, PLE projection; lm_head),
+// each reading the previous one's output (the attention is replaced by reading the QKV output's
+// first 8 x head_dim values), RMS-normalized where Gemma normalizes. Not modelled: attention,
+// residual adds, the PLE mix, argmax.
+//
+// Design:
+// * Weights in 1,056-byte cells (16 rows x 128 columns of int4 = 1,024 bytes in the order the
+//   mma fragments want them, then the 16 rows' bf16 group scales). Every operation's tiles
+//   (16 rows, all K) are split into contiguous ranges, one per SM; at load the cells are copied
+//   into one contiguous stream per SM, in exactly the order that SM consumes them.
+// * One producer warp per SM copies its stream into a shared-memory ring of chunks (cp.async,
+//   mbarrier full/empty per chunk), never waiting for activations: the next operations' weights
+//   land while the consumers wait for their input.
+// * 8 consumer warps: per operation they wait for the producer operation's counter (acquire),
+//   read and normalize the input, build the bf16 hi/lo B fragments in shared memory, and
+//   multiply cells as they land (m16n8k16, x as columns 0 and 1). An SM's tiles are taken in
+//   passes of up to 8; with fewer tiles than warps, kw = 8 / tiles warps share a tile along K
+//   and add their sums in shared memory (fixed order: deterministic). Whole rows leave the SM,
+//   so the next operation reads exactly its input vector.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <vector>
+#include <string>
+#include <algorithm>
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+#ifndef NW
+#define NW 8                       // consumer warps
+#endif
+#define THREADS ((NW + 1) * 32)    // + one producer warp
+#define CELL_BYTES 1056
+#define CELL_U4 (CELL_BYTES / 16)  // 66
+#define CH_CELLS 16                // cells per ring chunk (16,896 bytes)
+#define MAXJ 12                    // input entries per thread: K <= 12,288
+
+struct Op {
+    int rows, K, G;   // G = K / 128
+    int norm;         // RMS-normalize the input
+    int glu;          // interleaved (gate, up) rows -> gelu(gate) * up, rows / 2 outputs
+    int in_off;       // first input element
+    const float* in;  // input vector
+    float* out;       // output vector
+    int in_op;        // operation whose counter guards `in` (-1: external)
+    int pad;
+};
+
+struct Params {
+    const Op* ops;
+    int n_ops;
+    const uint4* stream;              // all SMs' streams
+    const long long* sm_base;         // first cell of SM s's stream
+    int interleave;                   // stream chunk c of SM s at chunk c * SMs + s of `stream`
+    unsigned* done;                   // per-operation counters (monotonic over launches)
+    unsigned epoch;                   // launch number, from 1
+    int mode;  // 0 full chain, 1 no waits for inputs, 2 stream only, 3 compute only (no copies:
+               // the ring's stale contents), 4 = 3 without reading the inputs
+    unsigned long long* stamps;       // [n_ops][2] the last SM (it has a tile of every operation): input ready, operation done (null: off)
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared.b64 st, [%0]; }" ::"r"(smem_u32(b)) : "memory");
+}
+// Watchdog: a wait that has not returned after 2 s records what it waited for in host-mapped
+// memory (readable while the kernel hangs) and the kernel winds down, so a scheduling mistake
+// shows up as a message instead of a hung process.
+__device__ unsigned g_abort;
+__device__ int* g_dbg;
+__device__ __forceinline__ unsigned long long gtime();
+__device__ __noinline__ bool watchdog(unsigned long long& t0, int what, int info, unsigned parity) {
+    if (*(volatile unsigned*)&g_abort) return true;
+    const unsigned long long t = gtime();
+    if (t0 == 0) {
+        t0 = t;
+    } else if (t - t0 > 2000000000ull) {
+        if (atomicCAS(&g_abort, 0u, 1u) == 0u && g_dbg) {
+            volatile int* d = g_dbg;
+            d[1] = what;
+            d[2] = blockIdx.x;
+            d[3] = threadIdx.x >> 5;
+            d[4] = info;
+            d[5] = (int)parity;
+            __threadfence_system();
+            d[0] = 1;
+        }
+        return true;
+    }
+    return false;
+}
+// sm_90: try_wait suspends the warp in hardware until the phase completes (or a time slice
+// passes), so waiting warps do not take issue slots from the working ones; below sm_90 a
+// test_wait with a short sleep.
+__device__ __forceinline__ bool mbar_test(uint64_t* b, unsigned parity) {
+    unsigned ok;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
+        : "=r"(ok)
+        : "r"(smem_u32(b)), "r"(parity), "r"(1000000u)
+        : "memory");
+#else
+    asm volatile(
+        "{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(ok)
+        : "r"(smem_u32(b)), "r"(parity)
+        : "memory");
+    if (!ok) __nanosleep(32);
+#endif
+    return ok != 0;
+}
+// what: 1 consumer waits for a chunk to land, 2 producer waits for a slot to be released.
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity, int what = 0, int info = 0) {
+    unsigned long long t0 = 0;
+    for (unsigned n = 1; !mbar_test(b, parity); n++)
+        if ((n & 15) == 0 && watchdog(t0, what, info, parity)) return;
+}
+__device__ __forceinline__ void cp_async16(void* s, const void* g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(s)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(NW * 32) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#ifndef OFFSET
+#define OFFSET 0
+#endif
+// Nibbles at bits 0-3 and 16-19 as bf16x2 of (nibble - 8), exact (see gemv_mma.cu). With OFFSET
+// the subtraction is left out: the pair is bf16 (136 + q), exact, and the cell's sum is corrected
+// by 136 times the group's input sum, computed once per operation.
+__device__ __forceinline__ uint32_t nib_pair(uint32_t w) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(0x000F000Fu), "r"(0x43004300u));
+#if OFFSET
+    return d;
+#else
+    const __nv_bfloat162 q = __hsub2(*(const __nv_bfloat162*)&d, __floats2bfloat162_rn(136.f, 136.f));
+    return *(const uint32_t*)&q;
+#endif
+}
+#ifndef A8
+#define A8 0
+#endif
+// A8 (W4A8): the input quantized to int8 per 128-column group (scale = max|x| / 127) and the
+// products taken on the integer tensor cores (m16n8k32, u8 nibbles x s8 inputs, exact int32
+// sums); the nibbles' offset of 8 comes off exactly through the group's integer input sum. A
+// pair of LOP3 (and a shift) turns 8 nibbles into two A registers, against 11 instructions for
+// 4 registers on the bf16 path.
+__device__ __forceinline__ void mma_u8s8(int* d, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// One cell (W4A8): lane (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8
+// (high nibble) at columns 32 t + 4 c + i and 32 t + 16 + 4 c + i.
+__device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xg, int xs8, float xsc, int lane,
+                                          float& acc_a, float& acc_b) {
+    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
+    const uint16_t* sc = (const uint16_t*)(cp + 64);
+    const int g = lane >> 2;
+    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, (ws[2 * t] >> 4) & 0x0F0F0F0Fu,
+                               ws[2 * t + 1] & 0x0F0F0F0Fu, (ws[2 * t + 1] >> 4) & 0x0F0F0F0Fu};
+        uint2 bv = make_uint2(0u, 0u);
+        if (lane < 4) bv = xg[t * 4 + lane];
+        const uint32_t b[2] = {bv.x, bv.y};
+        mma_u8s8(d[t & 1], a, b);
+    }
+    const float fa = (float)(d[0][0] + d[1][0] - 8 * xs8), fb = (float)(d[0][2] + d[1][2] - 8 * xs8);
+    acc_a = fmaf(fa * xsc, sa, acc_a);
+    acc_b = fmaf(fb * xsc, sb, acc_b);
+}
+#if A8
+#define CELL(pos, grp) cell_imma(R.cell(pos), xf + (grp) * 16, xs8[grp], xsc[grp], lane, acc_a, acc_b)
+#elif OFFSET
+#define CELL(pos, grp) cell_mma(R.cell(pos), xf + (grp) * 64, xsum[grp], lane, acc_a, acc_b)
+#else
+#define CELL(pos, grp) cell_mma(R.cell(pos), xf + (grp) * 64, 0.f, lane, acc_a, acc_b)
+#endif
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(const uint32_t*)&v;
+}
+
+// The cells of one SM's share of an operation, in stream order: passes of up to NW tiles; in a
+// pass of np tiles, kw = NW / np warps per tile; round r holds, per tile, groups r kw .. r kw +
+// kw - 1 (fewer in the last round). Host and device agree on this order.
+struct Pass {
+    int np, kw, rounds;
+};
+__host__ __device__ inline Pass pass_of(int nt, int p, int G) {
+    Pass q;
+    q.np = nt - p * NW < NW ? nt - p * NW : NW;
+    q.kw = NW / q.np;
+    q.rounds = (G + q.kw - 1) / q.kw;
+    return q;
+}
+__host__ __device__ inline void sm_tiles(int rows, int P, int s, int& t0, int& nt) {
+    const int T = rows / 16;
+    t0 = (int)((long long)T * s / P);
+    nt = (int)((long long)T * (s + 1) / P) - t0;
+}
+
+// A consumer warp's view of the ring: NCH chunks (a compile-time count, so slot and parity are
+// cheap), positions in cells of this SM's stream (32-bit: a stream holds < 2^31 cells).
+template <int NCH>
+struct Ring {
+    const uint4* cells;
+    uint64_t* full;
+    uint64_t* empty;
+    unsigned have;  // chunks [0, have) are known to have landed (this warp waited for them)
+    unsigned rel;   // chunks [0, rel) are released by this warp
+
+    __device__ __forceinline__ void land(unsigned c) {  // wait until chunks up to c have landed
+        while (have <= c) {
+            mbar_wait(&full[have % NCH], (have / NCH) & 1u, 1, (int)have);
+            have++;
+        }
+    }
+    // The warp moves its position to `pos`: the chunks before pos's chunk are released, each
+    // after waiting for it to land. Waiting on every chunk in order, even ones this warp does not
+    // read, keeps the parity waits unambiguous: no warp runs a whole ring ahead of the fills, and
+    // a slot is never refilled while a copy into it is still in flight.
+    __device__ __forceinline__ void release_to(unsigned pos, int lane) {
+        const unsigned c = pos / CH_CELLS;
+        while (rel < c) {
+            land(rel);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[rel % NCH]);
+            rel++;
+        }
+    }
+    __device__ __forceinline__ const uint4* cell(unsigned pos) const {
+        return cells + ((pos / CH_CELLS) % NCH * CH_CELLS + pos % CH_CELLS) * CELL_U4;
+    }
+};
+
+// One cell's products for this warp's 16 rows, added to acc_a (row g) / acc_b (row g + 8) in
+// lanes c = 0. Two accumulator sets halve the chain of dependent mma.
+__device__ __forceinline__ void cell_mma(const uint4* cp, const uint2* xg, float xsum, int lane,
+                                         float& acc_a, float& acc_b) {
+    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
+    const uint16_t* sc = (const uint16_t*)(cp + 64);
+    const int g = lane >> 2;
+    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const uint32_t a[4] = {nib_pair(ws[s]), nib_pair(ws[s] >> 4), nib_pair(ws[s] >> 8),
+                               nib_pair(ws[s] >> 12)};
+        uint2 bv = make_uint2(0u, 0u);
+        if (lane < 8) bv = xg[s * 8 + lane];
+        const uint32_t b[2] = {bv.x, bv.y};
+        mma_bf16(d[s & 1], a, b);
+    }
+    float da = (d[0][0] + d[1][0]) + (d[0][1] + d[1][1]), db = (d[0][2] + d[1][2]) + (d[0][3] + d[1][3]);
+#if OFFSET
+    da = fmaf(-136.f, xsum, da);
+    db = fmaf(-136.f, xsum, db);
+#endif
+    acc_a = fmaf(da, sa, acc_a);
+    acc_b = fmaf(db, sb, acc_b);
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar))
+        : "memory");
+#endif
+}
+
+// NCH ring chunks; BULK: the producer copies a chunk with one bulk copy (sm_90's TMA), else with
+// cp.async by its 32 lanes.
+template <int NCH, bool BULK>
+__global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ uint64_t full[NCH], empty[NCH];
+    __shared__ float red[2][NW][16];
+    __shared__ float wsum[NW];
+#if OFFSET
+    __shared__ float xsum[96];  // per group: sum of the input
+#endif
+#if A8
+    __shared__ int xs8[96];     // per group: integer input sum
+    __shared__ float xsc[96];   // per group: input scale
+#endif
+    Ring<NCH> R;
+    R.cells = (const uint4*)smem;
+    R.full = full;
+    R.empty = empty;
+    R.have = 0;
+    R.rel = 0;
+    uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES);  // [G][8 steps][8 lanes]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int s = blockIdx.x, nsm = gridDim.x;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NCH; i++) {
+            mbar_init(&full[i], BULK ? 1 : 32);
+            mbar_init(&empty[i], NW);
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    }
+    __syncthreads();
+
+    // This SM's stream length.
+    unsigned total = 0;
+    for (int k = 0; k < P.n_ops; k++) {
+        int t0, nt;
+        sm_tiles(P.ops[k].rows, nsm, s, t0, nt);
+        total += (unsigned)(nt * P.ops[k].G);
+    }
+    const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
+
+    if (warp == NW) {  // producer
+        const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
+        for (unsigned c = 0; c < nch; c++) {
+            const unsigned slot = c % NCH;
+            if (c >= NCH) mbar_wait(&empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
+            const unsigned first = c * CH_CELLS;
+            const unsigned n16 = min((unsigned)CH_CELLS, total - first) * CELL_U4;
+            uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
+            const uint4* from = P.interleave ? P.stream + ((size_t)c * nsm + s) * CH_CELLS * CELL_U4
+                                             : src + (size_t)first * CELL_U4;
+            if (P.mode >= 3) {
+                if (BULK ? lane == 0 : true) mbar_arrive(&full[slot]);
+            } else if (BULK) {
+                if (lane == 0) bulk_copy(dst, from, n16 * 16, &full[slot]);
+            } else {
+                for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
+                cp_async_arrive(&full[slot]);
+            }
+        }
+        return;
+    }
+
+    const int tid = threadIdx.x;  // 0 .. NW * 32 - 1
+    unsigned base = 0;            // stream position of the operation's first cell
+    int pc = 0;                   // passes so far (red[] parity)
+    for (int k = 0; k < P.n_ops; k++) {
+        const Op op = P.ops[k];
+        int t0, nt;
+        sm_tiles(op.rows, nsm, s, t0, nt);
+        const int G = op.G;
+        const unsigned next_base = base + (unsigned)(nt * G);
+        if (P.mode == 2) {  // stream only: consume nothing, release as the cells land
+            R.release_to(next_base, lane);
+            base = next_base;
+            continue;
+        }
+        if (nt == 0) {  // nothing to compute; still counted, the consumers wait for every SM
+            if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+            base = next_base;
+            continue;
+        }
+        // The input: wait for its producer, read it (L2, not L1: other SMs wrote it), normalize.
+        if (P.mode == 0 && op.in_op >= 0) {
+            if (tid == 0) {
+                const unsigned target = P.epoch * (unsigned)nsm;
+                unsigned long long t0 = 0;
+                for (unsigned n = 1; (int)(ld_acquire(&P.done[op.in_op]) - target) < 0; n++)
+                    if ((n & 255) == 0 && watchdog(t0, 3, k, 0)) break;
+            }
+            consumers_sync();
+        }
+        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = gtime();
+#if A8
+        // Entries (group, step t, c): inputs 32 t + 4 c + 0..3 and + 16; a group is 16 entries
+        // (half a warp).
+        const int E = G * 16;
+        float4 va[MAXJ / 2], vb[MAXJ / 2];
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < MAXJ / 2; j++) {
+            const int e = tid + j * NW * 32;
+            if (e < E) {
+                const int grp = e >> 4, t = (e >> 2) & 3, c = e & 3;
+                const float* x = op.in + op.in_off + grp * 128 + t * 32 + 4 * c;
+                float4 lo = make_float4(1.f, 0.5f, -1.f, 0.25f), hi = lo;
+                if (P.mode != 4) {
+                    lo = __ldcg((const float4*)x);
+                    hi = __ldcg((const float4*)(x + 16));
+                }
+                va[j] = lo;
+                vb[j] = hi;
+                ss += lo.x * lo.x + lo.y * lo.y + lo.z * lo.z + lo.w * lo.w + hi.x * hi.x + hi.y * hi.y +
+                      hi.z * hi.z + hi.w * hi.w;
+            }
+        }
+        float scale = 1.f;
+        if (op.norm) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) wsum[warp] = ss;
+            consumers_sync();
+            float t = 0.f;
+            for (int i = 0; i < NW; i++) t += wsum[i];
+            scale = rsqrtf(t / (float)op.K + 1e-6f);
+        }
+#pragma unroll
+        for (int j = 0; j < MAXJ / 2; j++) {
+            const int e = tid + j * NW * 32;
+            if (e < E) {  // whole warps (E is a multiple of 32 or 16 with G even... see below)
+                const int grp = e >> 4, t = (e >> 2) & 3, c = e & 3;
+                const float x[8] = {va[j].x * scale, va[j].y * scale, va[j].z * scale, va[j].w * scale,
+                                    vb[j].x * scale, vb[j].y * scale, vb[j].z * scale, vb[j].w * scale};
+                float m = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(x[i]));
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                const float inv = m > 0.f ? 127.f / m : 0.f;
+                int q[8], qs = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    q[i] = max(-127, min(127, __float2int_rn(x[i] * inv)));
+                    qs += q[i];
+                }
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+                const uint32_t b0 = (q[0] & 255) | (q[1] & 255) << 8 | (q[2] & 255) << 16 | (uint32_t)(q[3] & 255) << 24;
+                const uint32_t b1 = (q[4] & 255) | (q[5] & 255) << 8 | (q[6] & 255) << 16 | (uint32_t)(q[7] & 255) << 24;
+                xf[(grp * 4 + t) * 4 + c] = make_uint2(b0, b1);
+                if ((e & 15) == 0) {
+                    xs8[grp] = qs;
+                    xsc[grp] = m / 127.f;
+                }
+            }
+        }
+#else
+        const int E = G * 32;  // (group, step, c) entries, 4 inputs each
+        float4 v[MAXJ];
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < MAXJ; j++) {
+            const int e = tid + j * NW * 32;
+            if (e < E) {
+                const int grp = e >> 5, st = (e >> 2) & 7, c = e & 3;
+                const float* x = op.in + op.in_off + grp * 128 + st * 16 + 2 * c;
+                float2 lo = make_float2(1.f, 0.5f), hi = make_float2(-1.f, 0.25f);
+                if (P.mode != 4) {
+                    lo = __ldcg((const float2*)x);
+                    hi = __ldcg((const float2*)(x + 8));
+                }
+                v[j] = make_float4(lo.x, lo.y, hi.x, hi.y);
+                ss += lo.x * lo.x + lo.y * lo.y + hi.x * hi.x + hi.y * hi.y;
+            }
+        }
+        float scale = 1.f;
+        if (op.norm) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) wsum[warp] = ss;
+            consumers_sync();
+            float t = 0.f;
+            for (int i = 0; i < NW; i++) t += wsum[i];
+            scale = rsqrtf(t / (float)op.K + 1e-6f);
+        }
+#pragma unroll
+        for (int j = 0; j < MAXJ; j++) {
+            const int e = tid + j * NW * 32;
+            if (e < E) {
+                const int grp = e >> 5, st = (e >> 2) & 7, c = e & 3;
+                const float4 x = make_float4(v[j].x * scale, v[j].y * scale, v[j].z * scale, v[j].w * scale);
+                const uint32_t h0 = bf16x2_bits(x.x, x.y), h1 = bf16x2_bits(x.z, x.w);
+                const __nv_bfloat162 b0 = *(const __nv_bfloat162*)&h0, b1 = *(const __nv_bfloat162*)&h1;
+                const uint32_t l0 = bf16x2_bits(x.x - __low2float(b0), x.y - __high2float(b0));
+                const uint32_t l1 = bf16x2_bits(x.z - __low2float(b1), x.w - __high2float(b1));
+                uint2* f = xf + grp * 64 + st * 8 + c;
+                f[0] = make_uint2(h0, h1);  // lane c: column 0 (hi)
+                f[4] = make_uint2(l0, l1);  // lane 4 + c: column 1 (lo)
+#if OFFSET
+                // A group's 32 entries are one warp's (e = 32 grp + lane): its sum of hi + lo.
+                const __nv_bfloat162 c0 = *(const __nv_bfloat162*)&l0, c1 = *(const __nv_bfloat162*)&l1;
+                float gs = ((__low2float(b0) + __low2float(c0)) + (__high2float(b0) + __high2float(c0))) +
+                           ((__low2float(b1) + __low2float(c1)) + (__high2float(b1) + __high2float(c1)));
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+                if (lane == 0) xsum[grp] = gs;
+#endif
+            }
+        }
+#endif
+        consumers_sync();
+
+        for (int p = 0; p * NW < nt; p++, pc++) {
+            const Pass q = pass_of(nt, p, G);
+            const unsigned pb = base + (unsigned)(p * NW * G);
+            float acc_a = 0.f, acc_b = 0.f;
+            if (warp < q.np * q.kw) {
+                const int ti = warp / q.kw, sl = warp % q.kw;
+                int r = 0;
+                // Two cells at a time (rounds r and r + 1, round r full) for independent work.
+                for (; r + 1 < q.rounds; r += 2) {
+                    const int g0 = r * q.kw + sl, g1 = g0 + q.kw;
+                    if (g1 >= G) break;
+                    const int cnt1 = min(q.kw, G - (r + 1) * q.kw);
+                    const unsigned p0 = pb + (unsigned)(r * q.np * q.kw + ti * q.kw + sl);
+                    const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
+                    R.release_to(p0, lane);
+                    R.land(p1 / CH_CELLS);
+                    CELL(p0, g0);
+                    CELL(p1, g1);
+                }
+                for (; r < q.rounds; r++) {
+                    const int grp = r * q.kw + sl;
+                    if (grp >= G) break;
+                    const int cnt = min(q.kw, G - r * q.kw);
+                    const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
+                    R.release_to(pos, lane);
+                    R.land(pos / CH_CELLS);
+                    CELL(pos, grp);
+                }
+                if ((lane & 3) == 0) {
+                    red[pc & 1][warp][lane >> 2] = acc_a;
+                    red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
+                }
+            }
+            // Done with this pass's cells (or idle in it): let the ring move on before the barrier.
+            R.release_to(pb + (unsigned)(q.np * G), lane);
+            consumers_sync();
+            const int tile0 = t0 + p * NW;
+            if (op.glu) {
+                for (int i = tid; i < q.np * 8; i += NW * 32) {
+                    const int ti = i >> 3, j = i & 7;
+                    float gsum = 0.f, usum = 0.f;
+                    for (int sl = 0; sl < q.kw; sl++) {
+                        gsum += red[pc & 1][ti * q.kw + sl][2 * j];
+                        usum += red[pc & 1][ti * q.kw + sl][2 * j + 1];
+                    }
+                    op.out[(tile0 + ti) * 8 + j] = gelu_tanh(gsum) * usum;
+                }
+            } else {
+                for (int i = tid; i < q.np * 16; i += NW * 32) {
+                    const int ti = i >> 4, row = i & 15;
+                    float sum = 0.f;
+                    for (int sl = 0; sl < q.kw; sl++) sum += red[pc & 1][ti * q.kw + sl][row];
+                    op.out[(tile0 + ti) * 16 + row] = sum;
+                }
+            }
+        }
+        R.release_to(next_base, lane);
+        __threadfence();
+        consumers_sync();
+        if (tid == 0) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+            if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = gtime();
+        }
+        base = next_base;
+    }
+    R.release_to((total + CH_CELLS - 1) / CH_CELLS * CH_CELLS, lane);
+}
+
+// ---- reference: one warp per output row, from the canonical cell layout ----
+
+// Nibble of (row rr, column k) of a cell: see the layout in make_cells.
+__device__ __host__ inline int cell_nibble_index(int rr, int k, int& byte_off, int& shift) {
+#if A8
+    const int t = k >> 5, kk = k & 31, second = kk >> 4, c = (kk & 15) >> 2, i = kk & 3;
+    const int lane = 4 * (rr & 7) + c, w = 2 * t + second;
+    byte_off = ((w >> 2) * 32 + lane) * 16 + (w & 3) * 4 + i;
+    shift = (rr >> 3) * 4;
+    return 0;
+#else
+    const int st = k >> 4, kk = k & 15, half = kk >> 3, k8 = kk & 7, c = k8 >> 1, e = k8 & 1;
+    const int lane = 4 * (rr & 7) + c, reg = (rr >> 3) + 2 * half, nib = reg + 4 * e;
+    byte_off = ((st >> 2) * 32 + lane) * 16 + (st & 3) * 4 + (nib >> 1);
+    shift = (nib & 1) * 4;
+    return nib;
+#endif
+}
+
+__global__ void ref_gemv(const uint8_t* cells, Op op) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int rows = op.rows;
+    if (row >= rows) return;
+    float ss = 0.f;
+    for (int i = lane; i < op.K; i += 32) {
+        const float x = op.in[op.in_off + i];
+        ss += x * x;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float scale = op.norm ? rsqrtf(ss / (float)op.K + 1e-6f) : 1.f;
+    const int t = row >> 4, rr = row & 15;
+    float acc = 0.f;
+    for (int grp = 0; grp < op.G; grp++) {
+        const uint8_t* cell = cells + ((size_t)t * op.G + grp) * CELL_BYTES;
+#if A8
+        float m = 0.f;
+        for (int k = lane; k < 128; k += 32) m = fmaxf(m, fabsf(op.in[op.in_off + grp * 128 + k] * scale));
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float inv = m > 0.f ? 127.f / m : 0.f;
+        int ip = 0;
+        for (int k = lane; k < 128; k += 32) {
+            int off, sh;
+            cell_nibble_index(rr, k, off, sh);
+            const int q = ((cell[off] >> sh) & 15) - 8;
+            ip += q * max(-127, min(127, __float2int_rn(op.in[op.in_off + grp * 128 + k] * scale * inv)));
+        }
+        for (int o = 16; o > 0; o >>= 1) ip += __shfl_xor_sync(0xffffffffu, ip, o);
+        const float part = (float)ip * (m / 127.f);
+#else
+        float part = 0.f;
+        for (int k = lane; k < 128; k += 32) {
+            int off, sh;
+            cell_nibble_index(rr, k, off, sh);
+            const int q = ((cell[off] >> sh) & 15) - 8;
+            part += (float)q * (op.in[op.in_off + grp * 128 + k] * scale);
+        }
+        for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+#endif
+        const uint16_t sc = ((const uint16_t*)(cell + 1024))[rr];
+        acc += part * __uint_as_float((uint32_t)sc << 16);
+    }
+    if (lane == 0) op.out[row] = acc;
+}
+
+__global__ void glu_kernel(const float* in, float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = gelu_tanh(in[2 * i]) * in[2 * i + 1];
+}
+
+// Random cells: uniform nibbles, scales ~ 1 / (6 sqrt K) so a GEMV roughly keeps the input's size.
+__global__ void make_cells(uint8_t* cells, long long n_cells, int K, unsigned seed) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long n = n_cells * (CELL_BYTES / 4);
+    if (i >= n) return;
+    const long long cell = i / (CELL_BYTES / 4);
+    const int w = (int)(i % (CELL_BYTES / 4));
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed * 40503u ^ (uint32_t)(i >> 32) * 97u;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+    uint32_t* p = (uint32_t*)(cells + cell * CELL_BYTES);
+    if (w < 256) {
+        p[w] = h;
+    } else {
+        const float base = 1.f / (6.f * sqrtf((float)K));
+        const float a = base * (0.75f + 0.5f * (float)(h & 0xffff) / 65535.f);
+        const float b = base * (0.75f + 0.5f * (float)(h >> 16) / 65535.f);
+        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(a));
+        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(b));
+        p[w] = lo | (hi << 16);
+    }
+}
+
+// Gathers cells into the per-SM streams: dst cell i <- src cell map[i].
+__global__ void gather_cells(uint4* dst, const uint4* const* srcs, const long long* map, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n * CELL_U4) return;
+    const long long cell = i / CELL_U4;
+    const int u = (int)(i % CELL_U4);
+    const long long m = map[cell];
+    dst[i] = m < 0 ? make_uint4(0, 0, 0, 0) : srcs[m >> 40][(m & ((1ll << 40) - 1)) * CELL_U4 + u];
+}
+
+// SM clock under load: cycles counted over 2 ms of the global timer, every SM busy.
+__global__ void clock_probe(unsigned long long* out) {
+    const unsigned long long t0 = gtime(), c0 = clock64();
+    float x = threadIdx.x;
+    while (gtime() - t0 < 2000000ull) x = x * 0.999f + 1.f;
+    const unsigned long long c1 = clock64(), t1 = gtime();
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        out[0] = c1 - c0;
+        out[1] = t1 - t0;
+    }
+    if (x == 12345.f) out[2] = 1;
+}
+
+__global__ void read_bw(const uint4* p, long long n, uint4* sink) {
+    uint4 a = make_uint4(0, 0, 0, 0);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i);
+        a.x ^= v.x; a.y ^= v.y; a.z ^= v.z; a.w ^= v.w;
+    }
+    if ((a.x ^ a.y ^ a.z ^ a.w) == 0x12345678u) *sink = a;
+}
+
+int main(int argc, char** argv) {
+    int iters = 20;
+    int n_ch_req = 0;
+    int layers = 42;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) n_ch_req = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+    }
+    setvbuf(stdout, nullptr, _IONBF, 0);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    int* hdbg;
+    CK(cudaHostAlloc(&hdbg, 64, cudaHostAllocMapped));
+    memset(hdbg, 0, 64);
+    {
+        int* ddbg;
+        CK(cudaHostGetDevicePointer(&ddbg, hdbg, 0));
+        CK(cudaMemcpyToSymbol(g_dbg, &ddbg, sizeof(ddbg)));
+    }
+    // Waits for the device; a watchdog report ends the run with the wait that hung.
+    auto sync = [&]() {
+        const cudaError_t e = cudaDeviceSynchronize();
+        if (hdbg[0]) {
+            const char* w[] = {"?", "consumer waits for chunk", "producer waits to refill before chunk",
+                               "consumers wait for operation"};
+            printf("WATCHDOG: block %d warp %d: %s %d (parity %d)\n", hdbg[2], hdbg[3],
+                   w[hdbg[1] < 4 ? hdbg[1] : 0], hdbg[4], hdbg[5]);
+            exit(2);
+        }
+        CK(e);
+    };
+    const int P = prop.multiProcessorCount;
+    printf("consumer warps: %d, %s\n", NW, A8 ? "W4A8 (int8 inputs, integer tensor cores)" : OFFSET ? "bf16 pair inputs, offset nibbles" : "bf16 pair inputs");
+    printf("device: %s, %d SMs, sm_%d%d, %zu KB shared per block (opt-in)\n", prop.name, P, prop.major,
+           prop.minor, prop.sharedMemPerBlockOptin / 1024);
+
+    // The operation list (E4B shapes).
+    struct HostOp { int rows, K, norm, glu, in_op, in_off, out_n; std::string name; };
+    std::vector<HostOp> ops;
+    const int H = 2560, FF = 10240, PLE = 256;
+    ops.push_back({42 * PLE, H, 1, 0, -1, 0, 42 * PLE, "ple_model"});
+    int h_op = 0;  // operation holding the current hidden vector (first H values)
+    for (int l = 0; l < layers; l++) {
+        const bool sliding = l % 6 != 5;
+        const int hd = sliding ? 256 : 512;
+        const bool own_kv = l < 24;
+        const int qkv = 8 * hd + (own_kv ? 4 * hd : 0);
+        const int q = (int)ops.size();
+        ops.push_back({qkv, H, 1, 0, h_op, 0, qkv, "qkv"});
+        ops.push_back({H, 8 * hd, 0, 0, q, 0, H, "o"});
+        ops.push_back({2 * FF, H, 1, 1, q + 1, 0, FF, "gate_up"});
+        ops.push_back({H, FF, 0, 0, q + 2, 0, H, "down"});
+        ops.push_back({PLE, H, 1, 0, q + 3, 0, PLE, "ple_gate"});
+        ops.push_back({H, PLE, 0, 0, q + 4, 0, H, "ple_proj"});
+        h_op = q + 5;
+    }
+    ops.push_back({262144, H, 1, 0, h_op, 0, 262144, "lm_head"});
+    const int n_ops = (int)ops.size();
+
+    // Canonical weights per operation, outputs.
+    std::vector<uint8_t*> wts(n_ops);
+    std::vector<float*> outs(n_ops), ref_outs(n_ops), raw(n_ops, nullptr);
+    long long cells_total = 0;
+    for (int k = 0; k < n_ops; k++) {
+        const long long nc = (long long)(ops[k].rows / 16) * (ops[k].K / 128);
+        cells_total += nc;
+        CK(cudaMalloc(&wts[k], nc * CELL_BYTES));
+        make_cells<<<(unsigned)((nc * (CELL_BYTES / 4) + 255) / 256), 256>>>(wts[k], nc, ops[k].K, 1234u + k);
+        CK(cudaMalloc(&outs[k], ops[k].out_n * sizeof(float)));
+        CK(cudaMalloc(&ref_outs[k], ops[k].out_n * sizeof(float)));
+        if (ops[k].glu) CK(cudaMalloc(&raw[k], ops[k].rows * sizeof(float)));
+    }
+    float* x0;
+    CK(cudaMalloc(&x0, H * sizeof(float)));
+    {
+        std::vector<float> hx(H);
+        for (int i = 0; i < H; i++) hx[i] = sinf(0.37f * i) + 0.1f * cosf(1.3f * i);
+        CK(cudaMemcpy(x0, hx.data(), H * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    const double bytes = (double)cells_total * CELL_BYTES;
+    printf("operations: %d, weight bytes per step: %.3f GB\n", n_ops, bytes / 1e9);
+
+    // Per-SM streams in consumption order.
+    std::vector<long long> map;
+    map.reserve(cells_total);
+    std::vector<long long> sm_base(P + 1);
+    for (int s = 0; s < P; s++) {
+        sm_base[s] = (long long)map.size();
+        for (int k = 0; k < n_ops; k++) {
+            const int G = ops[k].K / 128;
+            int t0, nt;
+            sm_tiles(ops[k].rows, P, s, t0, nt);
+            for (int p = 0; p * NW < nt; p++) {
+                const Pass q = pass_of(nt, p, G);
+                for (int r = 0; r < q.rounds; r++)
+                    for (int ti = 0; ti < q.np; ti++)
+                        for (int sl = 0; sl < q.kw; sl++) {
+                            const int grp = r * q.kw + sl;
+                            if (grp >= G) continue;
+                            const long long t = t0 + p * NW + ti;
+                            map.push_back(((long long)k << 40) | (t * G + grp));
+                        }
+            }
+        }
+    }
+    sm_base[P] = (long long)map.size();
+    if ((long long)map.size() != cells_total) { fprintf(stderr, "schedule lost cells\n"); return 1; }
+    uint4* stream;
+    long long* dmap;
+    const uint4** dsrcs;
+    long long* dbase;
+    CK(cudaMalloc(&stream, cells_total * CELL_BYTES));
+    CK(cudaMalloc(&dmap, cells_total * sizeof(long long)));
+    CK(cudaMalloc(&dsrcs, n_ops * sizeof(uint4*)));
+    CK(cudaMalloc(&dbase, (P + 1) * sizeof(long long)));
+    CK(cudaMemcpy(dmap, map.data(), cells_total * sizeof(long long), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsrcs, wts.data(), n_ops * sizeof(uint4*), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dbase, sm_base.data(), (P + 1) * sizeof(long long), cudaMemcpyHostToDevice));
+    gather_cells<<<(unsigned)((cells_total * CELL_U4 + 255) / 256), 256>>>(stream, dsrcs, dmap, cells_total);
+    CK(cudaDeviceSynchronize());
+    // The same streams interleaved by chunk across SMs (padded to the longest), so the SMs read
+    // neighbouring addresses at about the same time.
+    long long max_len = 0;
+    for (int s = 0; s < P; s++) max_len = std::max(max_len, sm_base[s + 1] - sm_base[s]);
+    const long long ich = (max_len + CH_CELLS - 1) / CH_CELLS, icells = ich * P * CH_CELLS;
+    uint4* istream;
+    {
+        std::vector<long long> imap(icells, -1);
+        for (int s = 0; s < P; s++)
+            for (long long i = 0; i < sm_base[s + 1] - sm_base[s]; i++)
+                imap[((i / CH_CELLS) * P + s) * CH_CELLS + i % CH_CELLS] = map[sm_base[s] + i];
+        long long* dimap;
+        CK(cudaMalloc(&istream, icells * CELL_BYTES));
+        CK(cudaMalloc(&dimap, icells * sizeof(long long)));
+        CK(cudaMemcpy(dimap, imap.data(), icells * sizeof(long long), cudaMemcpyHostToDevice));
+        gather_cells<<<(unsigned)((icells * CELL_U4 + 255) / 256), 256>>>(istream, dsrcs, dimap, icells);
+        CK(cudaDeviceSynchronize());
+        cudaFree(dimap);
+    }
+
+    // Device operation records.
+    std::vector<Op> hops(n_ops);
+    int maxG = 0;
+    for (int k = 0; k < n_ops; k++) {
+        Op& o = hops[k];
+        memset(&o, 0, sizeof(o));
+        o.rows = ops[k].rows;
+        o.K = ops[k].K;
+        o.G = o.K / 128;
+        o.norm = ops[k].norm;
+        o.glu = ops[k].glu;
+        o.in_off = ops[k].in_off;
+        o.in_op = ops[k].in_op;
+        o.in = ops[k].in_op < 0 ? x0 : outs[ops[k].in_op];
+        o.out = outs[k];
+        if (o.G > maxG) maxG = o.G;
+        if (o.G * 32 > MAXJ * NW * 32) { fprintf(stderr, "K too large\n"); return 1; }
+    }
+    Op* dops;
+    CK(cudaMalloc(&dops, n_ops * sizeof(Op)));
+    CK(cudaMemcpy(dops, hops.data(), n_ops * sizeof(Op), cudaMemcpyHostToDevice));
+    unsigned* done;
+    CK(cudaMalloc(&done, n_ops * sizeof(unsigned)));
+    unsigned long long* stamps;
+    CK(cudaMalloc(&stamps, 2 * n_ops * sizeof(unsigned long long)));
+
+    const size_t xf_bytes = (size_t)maxG * 64 * sizeof(uint2);
+    const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4;
+    const int fit = (int)((avail - xf_bytes) / (CH_CELLS * CELL_BYTES));
+    const bool hopper = prop.major >= 9;
+    // Reference chain.
+    for (int k = 0; k < n_ops; k++) {
+        Op o = hops[k];
+        o.in = ops[k].in_op < 0 ? x0 : ref_outs[ops[k].in_op];
+        o.out = ops[k].glu ? raw[k] : ref_outs[k];
+        ref_gemv<<<(o.rows + 7) / 8, 256>>>(wts[k], o);
+        if (ops[k].glu) glu_kernel<<<(ops[k].out_n + 255) / 256, 256>>>(raw[k], ref_outs[k], ops[k].out_n);
+    }
+    CK(cudaDeviceSynchronize());
+
+    // Read bandwidth, same process.
+    {
+        const long long n = (2ll << 30) / 16;
+        uint4 *buf, *sink;
+        CK(cudaMalloc(&buf, n * 16));
+        CK(cudaMalloc(&sink, 16));
+        CK(cudaMemset(buf, 1, n * 16));
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        float best = 1e30f;
+        for (int r = 0; r < 5; r++) {
+            cudaEventRecord(a);
+            read_bw<<<P * 4, 1024>>>(buf, n, sink);
+            cudaEventRecord(b);
+            CK(cudaEventSynchronize(b));
+            float ms;
+            cudaEventElapsedTime(&ms, a, b);
+            if (ms < best) best = ms;
+        }
+        printf("read bandwidth: %.0f GB/s (2 GiB, best of 5)\n", n * 16 / (best * 1e-3) / 1e9);
+        cudaFree(buf);
+    }
+
+    // Configurations: ring depth (chunks) x copy engine.
+    typedef void (*Kern)(const Params);
+    struct Cfg { int nch; bool bulk; bool il; Kern k; };
+    std::vector<Cfg> cfgs;
+    const Cfg all[] = {{11, true, false, stream_step<11, true>}, {6, false, false, stream_step<6, false>},
+                       {3, false, false, stream_step<3, false>}};
+    for (const Cfg& c : all) {
+        if (c.nch > fit || (c.bulk && !hopper)) continue;
+        if (n_ch_req > 0 && c.nch != n_ch_req) continue;
+        cfgs.push_back(c);
+    }
+    if (cfgs.empty()) { fprintf(stderr, "no configuration fits (%d chunks)\n", fit); return 1; }
+    bool all_pass = true;
+    {
+        unsigned long long* dclk;
+        unsigned long long hclk[3];
+        CK(cudaMalloc(&dclk, 24));
+        clock_probe<<<P, 256>>>(dclk);
+        CK(cudaMemcpy(hclk, dclk, 24, cudaMemcpyDeviceToHost));
+        printf("SM clock under load: %.0f MHz\n", (double)hclk[0] / (double)hclk[1] * 1e3);
+    }
+    int mode_mask = 31;
+    if (getenv("PROTO_MODES")) {
+        mode_mask = 0;
+        for (const char* c = getenv("PROTO_MODES"); *c; c++)
+            if (*c >= '0' && *c <= '4') mode_mask |= 1 << (*c - '0');
+    }
+    const char* names[5] = {"full chain", "no input waits", "stream only", "compute only", "cells only"};
+    for (const Cfg& cfg : cfgs) {
+    const size_t smem = (size_t)cfg.nch * CH_CELLS * CELL_BYTES + xf_bytes;
+    CK(cudaFuncSetAttribute(cfg.k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    printf("== ring %d chunks x %d cells = %zu KB (+ B fragments %zu KB), %s, %s\n", cfg.nch, CH_CELLS,
+           (size_t)cfg.nch * CH_CELLS * CELL_BYTES / 1024, xf_bytes / 1024,
+           cfg.bulk ? "bulk copies (TMA)" : "cp.async by one warp",
+           cfg.il ? "streams interleaved by chunk" : "one contiguous stream per SM");
+    for (int mode = 0; mode < 5; mode++) {
+        if (!(mode_mask >> mode & 1)) continue;
+        CK(cudaMemset(done, 0, n_ops * sizeof(unsigned)));
+        CK(cudaMemset(stamps, 0, 2 * n_ops * sizeof(unsigned long long)));
+        Params prm;
+        prm.ops = dops;
+        prm.n_ops = n_ops;
+        prm.stream = cfg.il ? istream : stream;
+        prm.interleave = cfg.il;
+        prm.sm_base = dbase;
+        prm.done = done;
+        prm.mode = mode;
+        prm.stamps = nullptr;
+        unsigned epoch = 0;
+        for (int w = 0; w < 3; w++) {
+            prm.epoch = ++epoch;
+            cfg.k<<<P, THREADS, smem>>>(prm);
+        }
+        sync();
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        cudaEventRecord(a);
+        for (int it = 0; it < iters; it++) {
+            prm.epoch = ++epoch;
+            cfg.k<<<P, THREADS, smem>>>(prm);
+        }
+        cudaEventRecord(b);
+        sync();
+        CK(cudaGetLastError());
+        float ms;
+        cudaEventElapsedTime(&ms, a, b);
+        const double per = ms / iters;
+        printf("%-15s: %.3f ms/step (%.0f steps/s), %.0f GB/s\n", names[mode], per, 1e3 / per,
+               bytes / (per * 1e-3) / 1e9);
+        if (mode == 0) {
+            // Check against the reference chain.
+            double worst = 0;
+            int worst_k = 0;
+            for (int k = 0; k < n_ops; k++) {
+                std::vector<float> g(ops[k].out_n), r(ops[k].out_n);
+                CK(cudaMemcpy(g.data(), outs[k], g.size() * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(r.data(), ref_outs[k], r.size() * 4, cudaMemcpyDeviceToHost));
+                double num = 0, den = 0;
+                for (size_t i = 0; i < g.size(); i++) {
+                    num += (double)(g[i] - r[i]) * (g[i] - r[i]);
+                    den += (double)r[i] * r[i];
+                }
+                const double rel = sqrt(num / (den > 0 ? den : 1));
+                if (!(rel <= worst)) { worst = rel; worst_k = k; }
+            }
+            // W4A8: the reference quantizes its own input, normalized with its own sum order, so
+            // an input can round to the neighbouring int8 step here and not there (1.25e-3 seen).
+            const bool pass = worst < (A8 ? 1e-2 : 1e-3);
+            all_pass = all_pass && pass;
+            printf("check: worst rel L2 against the reference chain %.2e (operation %d, %s): %s\n", worst,
+                   worst_k, ops[worst_k].name.c_str(), pass ? "PASS" : "FAIL");
+            // One step with stamps: per-operation time on the last SM by kind.
+            prm.stamps = stamps;
+            prm.epoch = ++epoch;
+            cfg.k<<<P, THREADS, smem>>>(prm);
+            sync();
+            std::vector<unsigned long long> st(2 * n_ops);
+            CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
+            const char* kinds[] = {"qkv", "o", "gate_up", "down", "ple_gate", "ple_proj", "lm_head"};
+            printf("last SM, one step: per operation, µs from the previous operation's end (input wait "
+                   "+ prologue + compute) / of which after the input was ready\n");
+            for (const char* kn : kinds) {
+                double tot = 0, aft = 0;
+                int n = 0;
+                for (int k = 1; k < n_ops; k++) {
+                    if (ops[k].name != kn) continue;
+                    tot += (double)(st[2 * k + 1] - st[2 * (k - 1) + 1]) / 1e3;
+                    aft += (double)(st[2 * k + 1] - st[2 * k]) / 1e3;
+                    n++;
+                }
+                if (n) printf("  %-9s x%-3d %7.2f / %7.2f\n", kn, n, tot / n, aft / n);
+            }
+        }
+    }
+    }
+    return all_pass ? 0 : 1;
+}
