@@ -11,9 +11,9 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: gpu_check "hd tc", "kw ad", and "kw" under HAYAI_KW_MAX_MB=16 and
-#         HAYAI_RING_MB=10-40 (one process each; ~7 min); pending-ab: bench-engine A/B runs of the options written
-#         since the last GPU run, bf16 A/B/A too (~6 min; run it as a call of its own)
+#         pending: the streamed-step prototype's stream-rate variants (scripts/proto-stream.sh,
+#         nvcc there; ~2 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,29 +59,19 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has pending; then
-    # One process per group, so a fault in an unrun kernel does not take the others with it.
-    local grp
-    local n=0
-    for grp in "hd tc" "kw ad" "kw:HAYAI_KW_MAX_MB=16" "kw:HAYAI_RING_MB=10-40"; do
-      local args=${grp%%:*} env=() log
-      [ "$grp" != "$args" ] && env=("${grp#*:}")
-      n=$((n + 1)); log="$out/pending-$n.log"
-      stage "gpu_check $args ${env[*]}"
-      timeout 300 env "${env[@]}" "$C" $args > "$log" 2>&1
-      echo "rc=$?" >> "$log"
-      grep -E "PASS|FAIL|^rc=" "$log" | tee -a "$out/session.log"
-    done
+    # What the last session wrote and could not run: the streamed-step prototype's stream-rate
+    # variants (chunk size, L2 bulk prefetch ahead), W4A8 cells, TMA ring.
+    stage "streamed-step prototype: stream rate"
+    BUILDS="A8=1 A8=1,CH_CELLS=32 A8=1,CH_CELLS=8 A8=1,PF=1 A8=1,PF=2" PROTO_MODES=02 \
+      timeout 300 scripts/proto-stream.sh --iters 10 > "$out/proto.log" 2>&1
+    echo "rc=$?" >> "$out/proto.log"
+    grep -E "^###|^chunk|^== |full chain|stream only|check|lm_head|gate_up|WATCHDOG|^rc=" "$out/proto.log" | tee -a "$out/session.log"
   fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"
     local e4b=(bench-engine --model synth:e4b --device cuda --prompt-len 128 --gen 512)
-    local ab=("--quant int4" "--quant int4 --l2-prefetch-attn 1" "--quant int4 --l2-prefetch-attn 2"
-      "HAYAI_KW_MAX_MB=16 --quant int4" "HAYAI_KW_MAX_MB=32 --quant int4" "--quant int4 --no-tc-kwarps"
-      "HAYAI_RING_MB=20-40 --quant int4" "HAYAI_RING_MB=10-40 --quant int4"
-      "--quant int4 --max-context 8192" "--quant int4 --max-context 8192 --attn-min-keys 8"
-      "--quant int4 --max-context 8192 --attn-min-keys 32" "--quant int4 --attn-min-keys 32"
-      "--quant bf16" "--quant bf16 --attn-hd-kernels" "--quant bf16" "--quant int4"
-      "--quant int4 --ops" "HAYAI_KW_MAX_MB=16 --quant int4 --ops")
+    local ab=("--quant int4" "--quant int4 --max-context 8192" "--quant int4 --max-context 8192 --attn-min-keys 0"
+      "--quant bf16" "--quant int4")
     local v
     for v in "${ab[@]}"; do
       local e=() f=$v

@@ -205,25 +205,26 @@ fn main() {
     }
     if want("a8") {
         // int4 GEMVs with int8 activations against the CPU reference that rounds its matrix
-        // inputs the same way (MatmulInputs::Int8 { group: 128 }).
-        for (name, m, p) in small_models(32) {
-            let o = CudaOptions {
+        // inputs the same way (MatmulInputs::Int8 { group: 128 }): on the integer tensor cores
+        // (`gemv_mma_a8` / `gemv_mma_kw_a8`) and with DP4A on CUDA cores (`gemv_a8`).
+        for tc in [true, false] {
+            let a8 = |q: Quant| CudaOptions {
                 int8_activations: true,
-                ..opts(Quant::Int4, false)
+                tensor_core_gemv: tc,
+                ..opts(q, false)
             };
-            {
-                let (ok, line) = check_parity(&m, &o, &p, 300, 1e-4, "int8 activations ");
+            let what = if tc {
+                "int8 activations, tensor cores "
+            } else {
+                "int8 activations, DP4A "
+            };
+            for (name, m, p) in small_models(32) {
+                let (ok, line) = check_parity(&m, &a8(Quant::Int4), &p, 300, 1e-4, what);
                 check(name, ok, line);
             }
-        }
-        let m = random_model_bf16(&e4b_spec(), 7);
-        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let o = CudaOptions {
-            int8_activations: true,
-            ..opts(Quant::Int4, false)
-        };
-        {
-            let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "int8 activations ");
+            let m = random_model_bf16(&e4b_spec(), 7);
+            let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+            let (ok, line) = check_parity(&m, &a8(Quant::Int4), &p, 8, 1e-3, what);
             check("e4b", ok, line);
         }
     }

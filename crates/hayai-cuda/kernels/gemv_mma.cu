@@ -80,6 +80,85 @@ __device__ __forceinline__ float2 gemv_mma_group(const uint4 ca, const uint4 cb,
     return make_float2(d[0] + d[1], d[2] + d[3]);
 }
 
+// W4A8 on tensor cores (`gemv_mma_a8`, CudaOptions::int8_activations with tensor cores): x
+// quantized to int8 per 128-column group exactly as `gemv_a8` and the CPU twin
+// (MatmulInputs::Int8 { group: 128 }) do it, and the products taken by the integer tensor cores
+// (m16n8k32, u8 nibbles x s8 inputs, int32 sums: exact). Per weight word one LOP3 (the low
+// nibbles, as bytes) and one shift + LOP3 (the high ones) give two A registers, against 11
+// instructions for four on the bf16-pair path; the nibbles' +8 comes off exactly through the
+// group's integer x sum. Step u of a group takes word u of the lane's chunk of rows g and g + 8:
+// a0 / a1 their low nibbles (k slots 4c..4c+3), a2 / a3 their high nibbles (slots 16+4c..), so
+// the B fragment of lane (0, c) is b0 = the int8 x at the columns of nibbles 0, 2, 4, 6 of word u
+// of chunk c and b1 at those of nibbles 1, 3, 5, 7. Measured first in the streamed-step
+// prototype (crates/hayai-cuda/proto/stream_step.cu: lm_head 131 -> 94 µs).
+__device__ __forceinline__ void mma_u8s8(int* d, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The int8 B fragments of groups [g0, g1) from x (f32, shared): fr8[(g - g0) * 16 + 4 u + c],
+// then per group its integer x sum (int, `per` of them) and scale max|x| / 127 (float). One warp
+// per group; `q8` is 128 bytes of scratch per warp.
+__device__ void gemv_mma_a8_fragments(const float* xs, uint2* fr8, int per, int g0, int g1, int8_t* q8) {
+    int* xsum = (int*)(fr8 + per * 16);
+    float* tq = (float*)(xsum + per);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int8_t* q = q8 + warp * 128;
+    for (int g = g0 + warp; g < g1; g += blockDim.x >> 5) {
+        // The quantization of gemv_act8_quantize (gemv.cu): lane owns columns 4 lane .. + 3.
+        const float4 v = ((const float4*)(xs + g * 128))[lane];
+        const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        const float inv = m > 0.f ? 127.f / m : 0.f;
+        const float vals[4] = {v.x, v.y, v.z, v.w};
+        int qsum = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int qi = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
+            qsum += qi;
+            q[4 * lane + i] = (int8_t)qi;
+        }
+        qsum = __reduce_add_sync(HAYAI_FULL_MASK, qsum);
+        __syncwarp();
+        if (lane < 16) {
+            const int u = lane >> 2, c = lane & 3;
+            // Nibble k of word u of chunk c: column gmma_col(u, k, c).
+            uint32_t b0 = 0, b1 = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                b0 |= (uint32_t)(uint8_t)q[gmma_col(u, 2 * j, c)] << (8 * j);
+                b1 |= (uint32_t)(uint8_t)q[gmma_col(u, 2 * j + 1, c)] << (8 * j);
+            }
+            fr8[(g - g0) * 16 + lane] = make_uint2(b0, b1);
+        }
+        if (lane == 0) {
+            xsum[g - g0] = qsum;
+            tq[g - g0] = m / 127.f;
+        }
+        __syncwarp();
+    }
+}
+
+// One group of a warp's 16 rows on the integer tensor cores: (row g, row g + 8) integer dot
+// products with the int8 x (lanes c = 0), nibble offset not yet removed.
+__device__ __forceinline__ int2 gemv_mma_group_a8(const uint4 ca, const uint4 cb, const uint2* f, int g) {
+    int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    const uint32_t wa4[4] = {ca.x, ca.y, ca.z, ca.w};
+    const uint32_t wb4[4] = {cb.x, cb.y, cb.z, cb.w};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const uint32_t a[4] = {wa4[u] & 0x0F0F0F0Fu, wb4[u] & 0x0F0F0F0Fu, (wa4[u] >> 4) & 0x0F0F0F0Fu,
+                               (wb4[u] >> 4) & 0x0F0F0F0Fu};
+        uint2 bv = make_uint2(0u, 0u);
+        if (g == 0) bv = f[u * 4];
+        const uint32_t b[2] = {bv.x, bv.y};
+        mma_u8s8(d[u & 1], a, b);
+    }
+    return make_int2(d[0][0] + d[1][0], d[0][2] + d[1][2]);
+}
+
 // Rows ra, rb's sums (lanes c = 0) to `out`: GeGLU'd when unsplit, else as split partials that
 // the last block of the row tile (`tile_rows` rows) adds up.
 __device__ __forceinline__ void gemv_mma_epilogue(const GemvParams& p, float acc_a, float acc_b,
@@ -145,7 +224,7 @@ struct GmmaLane {
 // GMMA_U: groups in flight per lane (two 16-byte loads each); the order of additions is the
 // same for every U, so results are too. KW: the block's warps share 16-row tiles along K
 // (`p.kwarps` per tile; gemv_mma_kw), their sums added in slice order through shared memory.
-template <int GMMA_U, bool KW>
+template <int GMMA_U, bool KW, bool A8 = false>
 __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
     __shared__ float red[32];
     __shared__ int last;
@@ -184,7 +263,12 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
     pdl_wait();
     pdl_launch_dependents();
     gemv_prologue(p, xs, red, false, nullptr, u0 * 32, u1 * 32, cst);
-    gemv_mma_fragments(xs, fr, u0, u1);
+    if constexpr (A8) {
+        __shared__ int8_t q8[GEMV_THREADS / 32 * 128];
+        gemv_mma_a8_fragments(xs, fr, L.per, u0, u1, q8);
+    } else {
+        gemv_mma_fragments(xs, fr, u0, u1);
+    }
     __syncthreads();
 
     const uint32_t magic = 0x43004300u;
@@ -204,9 +288,20 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
         for (int k = 0; k < GMMA_U; k++) {
             const int gi = g0 + k * kw;
             if (gi >= u1) break;
-            const float2 d = gemv_mma_group(ca[k], cb[k], fr + (gi - u0) * 64 + 2 * c + g, g, magic);
-            acc_a = fmaf(d.x, __uint_as_float(csa[k] << 16), acc_a);
-            acc_b = fmaf(d.y, __uint_as_float(csb[k] << 16), acc_b);
+            if constexpr (A8) {
+                // As gemv_a8: (integer dot - 8 x sum) times (weight scale * x scale).
+                const int* xsum = (const int*)(fr + L.per * 16);
+                const float* tq = (const float*)(xsum + L.per);
+                const int2 d = gemv_mma_group_a8(ca[k], cb[k], fr + (gi - u0) * 16 + c, g);
+                const int off = 8 * xsum[gi - u0];
+                const float t = tq[gi - u0];
+                acc_a = fmaf((float)(d.x - off), __uint_as_float(csa[k] << 16) * t, acc_a);
+                acc_b = fmaf((float)(d.y - off), __uint_as_float(csb[k] << 16) * t, acc_b);
+            } else {
+                const float2 d = gemv_mma_group(ca[k], cb[k], fr + (gi - u0) * 64 + 2 * c + g, g, magic);
+                acc_a = fmaf(d.x, __uint_as_float(csa[k] << 16), acc_a);
+                acc_b = fmaf(d.y, __uint_as_float(csb[k] << 16), acc_b);
+            }
         }
     }
     if constexpr (KW) {
@@ -255,6 +350,17 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw(const Gem
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw_u4(const GemvParams p) {
     extern __shared__ float xs[];
     gemv_mma_tiled<4, true>(p, xs);
+}
+
+// W4A8 on tensor cores (see gemv_mma_a8_fragments): the gemv_mma and gemv_mma_kw shapes.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_a8(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_mma_tiled<2, false, true>(p, xs);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw_a8(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_mma_tiled<2, true, true>(p, xs);
 }
 
 // The same products with the weights streamed through a per-thread ring of GMMA_RING stages in

@@ -50,7 +50,12 @@
 #define THREADS ((NW + 1) * 32)    // + one producer warp
 #define CELL_BYTES 1056
 #define CELL_U4 (CELL_BYTES / 16)  // 66
+#ifndef CH_CELLS
 #define CH_CELLS 16                // cells per ring chunk (16,896 bytes)
+#endif
+#ifndef PF
+#define PF 0                       // bulk L2 prefetch of the chunk PF ring-lengths ahead (sm_90)
+#endif
 #define MAXJ 12                    // input entries per thread: K <= 12,288
 
 struct Op {
@@ -388,6 +393,15 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                 if (BULK ? lane == 0 : true) mbar_arrive(&full[slot]);
             } else if (BULK) {
                 if (lane == 0) bulk_copy(dst, from, n16 * 16, &full[slot]);
+#if PF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                const unsigned ahead = c + PF * NCH;
+                if (lane == 0 && ahead < nch && !P.interleave) {
+                    const unsigned pf16 = min((unsigned)CH_CELLS, total - ahead * CH_CELLS) * CELL_U4;
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)ahead * CH_CELLS * CELL_U4),
+                                 "r"(pf16 * 16)
+                                 : "memory");
+                }
+#endif
             } else {
                 for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
                 cp_async_arrive(&full[slot]);
@@ -769,6 +783,7 @@ int main(int argc, char** argv) {
         CK(e);
     };
     const int P = prop.multiProcessorCount;
+    printf("chunk: %d cells, L2 prefetch %d ring lengths ahead\n", CH_CELLS, PF);
     printf("consumer warps: %d, %s\n", NW, A8 ? "W4A8 (int8 inputs, integer tensor cores)" : OFFSET ? "bf16 pair inputs, offset nibbles" : "bf16 pair inputs");
     printf("device: %s, %d SMs, sm_%d%d, %zu KB shared per block (opt-in)\n", prop.name, P, prop.major,
            prop.minor, prop.sharedMemPerBlockOptin / 1024);
@@ -945,8 +960,8 @@ int main(int argc, char** argv) {
     typedef void (*Kern)(const Params);
     struct Cfg { int nch; bool bulk; bool il; Kern k; };
     std::vector<Cfg> cfgs;
-    const Cfg all[] = {{11, true, false, stream_step<11, true>}, {6, false, false, stream_step<6, false>},
-                       {3, false, false, stream_step<3, false>}};
+    const Cfg all[] = {{11, true, false, stream_step<11, true>}, {6, true, false, stream_step<6, true>},
+                       {3, true, false, stream_step<3, true>}};
     for (const Cfg& c : all) {
         if (c.nch > fit || (c.bulk && !hopper)) continue;
         if (n_ch_req > 0 && c.nch != n_ch_req) continue;

@@ -289,8 +289,10 @@ pub fn prefill_parity(
     let mut first = 0u32;
     gpu.forward(prompt, Rows::Last, &mut |_, l| first = argmax(l))?;
     let n = prompt.len();
-    // The decode step's GEMVs: f32 inputs, or a bf16 pair on tensor cores.
-    twin.set_matmul_inputs(if opts.uses_tensor_cores() {
+    // The decode step's GEMVs: f32 inputs, int8 ones (W4A8), or a bf16 pair on tensor cores.
+    twin.set_matmul_inputs(if opts.uses_int8_activations() {
+        MatmulInputs::Int8 { group: 128 }
+    } else if opts.uses_tensor_cores() {
         MatmulInputs::Bf16Pair
     } else {
         MatmulInputs::F32
@@ -340,12 +342,13 @@ pub fn parity(
     let mut cpu = CpuRunner::new(reference.clone())?;
     let int8 = opts.uses_int8_activations();
     let tc = opts.uses_tensor_cores();
-    if tc {
+    if int8 {
+        // The GPU multiplies int8 activations (one scale per 128 columns; integer sums on
+        // either path, so no tensor-core accumulation error): so does its reference.
+        cpu.set_matmul_inputs(MatmulInputs::Int8 { group: 128 });
+    } else if tc {
         // The tensor-core GEMV multiplies x as a bf16 pair: so does its reference.
         cpu.set_matmul_inputs(MatmulInputs::Bf16Pair);
-    } else if int8 {
-        // The GPU multiplies int8 activations (one scale per 128 columns): so does its reference.
-        cpu.set_matmul_inputs(MatmulInputs::Int8 { group: 128 });
     }
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;
@@ -353,7 +356,7 @@ pub fn parity(
     let gs = greedy(&mut gpu, first, steps)?;
     let cs = greedy(&mut cpu, first, steps)?;
     let mut r = ParityReport::new(quant, &g, &c, steps, &gs, &cs);
-    r.tensor_core_sums = tc;
+    r.tensor_core_sums = tc && !int8;
     if int8 {
         r.rounding_floor = Some(int8_rounding_floor(reference, prompt, 128)?);
     }

@@ -67,6 +67,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("gemv_mma_u4", true),
     ("gemv_mma_kw", true),
     ("gemv_mma_kw_u4", true),
+    ("gemv_mma_a8", true),
+    ("gemv_mma_kw_a8", true),
     ("gemv_mma_ring", true),
     ("gemv_persistent", true),
     ("gemv_pair", true),

@@ -414,4 +414,59 @@ mod mma_layout_tests {
             }
         }
     }
+
+    /// `gemv_mma_a8`'s order (mma.m16n8k32, u8 A x s8 B): lane 4 g + c holds A rows g (a0, a2)
+    /// and g + 8 (a1, a3) at k slots 4c..4c+3 (a0, a1) and 16+4c.. (a2, a3), B slots 4c..4c+3
+    /// (b0) and 16+4c.. (b1) of column g. Step u takes word u of the lane's chunk: a0 / a1 its
+    /// low nibbles of rows g / g + 8, a2 / a3 the high ones; b0 / b1 the int8 x at the columns
+    /// of nibbles 0, 2, 4, 6 / 1, 3, 5, 7. Minus 8 x sum: each row's exact dot product.
+    #[test]
+    fn int8_mma_fragments_reproduce_each_rows_dot_product() {
+        let (rows, cols) = (16, 256);
+        let mut r = hayai_model::random::SplitMix::new(9);
+        let m = Matrix::from_f32(rows, cols, (0..rows * cols).map(|_| r.uniform()).collect());
+        let q = quantize_int4(&m);
+        let x: Vec<i64> = (0..cols)
+            .map(|i| ((i * 37 + 11) % 255) as i64 - 127)
+            .collect();
+        let word = |row: usize, g: usize, c: usize, u: usize| {
+            let b = &q.packed[row * cols / 2 + g * 64 + c * 16 + 4 * u..][..4];
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        };
+        let bytes = |w: u32| [0, 1, 2, 3].map(|i| ((w >> (8 * i)) & 0xFF) as i64);
+        for g in 0..cols / 128 {
+            let xsum: i64 = (0..128).map(|c| x[g * 128 + c]).sum();
+            let mut d = [0i64; 16];
+            for u in 0..4 {
+                // a(lane, reg): four u8 of register reg; b(c, reg): four s8 of lane (0, c).
+                let a = |lane: usize, reg: usize| {
+                    let (lg, c) = (lane / 4, lane % 4);
+                    let row = if reg % 2 == 0 { lg } else { lg + 8 };
+                    let w = word(row, g, c, u);
+                    bytes(if reg < 2 {
+                        w & 0x0F0F_0F0F
+                    } else {
+                        (w >> 4) & 0x0F0F_0F0F
+                    })
+                };
+                let b = |c: usize, reg: usize| {
+                    [0, 1, 2, 3].map(|j| x[g * 128 + col(u, 2 * j + reg, c)])
+                };
+                for (mrow, dm) in d.iter_mut().enumerate() {
+                    for k in 0..32 {
+                        let (hi, c, i) = (k / 16, (k % 16) / 4, k % 4);
+                        let lane = 4 * (mrow % 8) + c;
+                        let areg = (mrow >= 8) as usize + 2 * hi;
+                        *dm += a(lane, areg)[i] * b(c, hi)[i];
+                    }
+                }
+            }
+            for (row, &got) in d.iter().enumerate() {
+                let want: i64 = (0..128)
+                    .map(|c| q.q(row, g * 128 + c) as i64 * x[g * 128 + c])
+                    .sum();
+                assert_eq!(got - 8 * xsum, want, "row {row} group {g}");
+            }
+        }
+    }
 }

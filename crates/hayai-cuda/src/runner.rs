@@ -264,7 +264,8 @@ pub struct CudaRunner {
     attn_warp_values: bool,
     /// See [`CudaOptions::attn_min_keys`].
     attn_min_keys: usize,
-    /// int4 GEMVs as `gemv_a8` (int8 activations).
+    /// int4 GEMVs with int8 activations (`gemv_mma_a8` / `gemv_mma_kw_a8` with `tc_gemv`, else
+    /// `gemv_a8`).
     int8_act: bool,
     /// int4 GEMVs as `gemv_mma` (tensor cores).
     tc_gemv: bool,
@@ -477,6 +478,8 @@ impl CudaRunner {
                 gpu.set_max_dynamic_smem("gemv_mma_u4", mma)?;
                 gpu.set_max_dynamic_smem("gemv_mma_kw", mma)?;
                 gpu.set_max_dynamic_smem("gemv_mma_kw_u4", mma)?;
+                gpu.set_max_dynamic_smem("gemv_mma_a8", mma)?;
+                gpu.set_max_dynamic_smem("gemv_mma_kw_a8", mma)?;
             }
             if opts.tensor_core_ring || ring_mb_range().is_some() {
                 let ring = gemv_mma_ring_smem(max_cols, false, max_cols / 128)
@@ -489,7 +492,7 @@ impl CudaRunner {
                 gpu.set_max_dynamic_smem("gemv_mma_ring", ring)?;
             }
         }
-        if opts.uses_int8_activations() {
+        if opts.uses_int8_activations() && !opts.uses_tensor_cores() {
             let a8 = gemv_smem(max_cols, true, false).max(gemv_smem(h, true, true));
             if a8 > gpu.max_smem_optin()? {
                 return Err(CudaError::Unsupported(format!(

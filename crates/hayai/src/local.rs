@@ -670,10 +670,12 @@ pub struct GpuVariantArgs {
     #[arg(long)]
     pub no_attn_warp_values: bool,
     /// Decode attention splits only as many ways as give each split at least N keys of the
-    /// current context, N = 8 or 32 (with the head-dim kernels and p.V by warps; 0: off).
-    #[arg(long, default_value_t = 0, value_name = "N", value_parser = parse_min_keys)]
+    /// current context, N = 8 or 32 (with the head-dim kernels and p.V by warps; 0: every
+    /// split of the plan takes part).
+    #[arg(long, default_value_t = 32, value_name = "N", value_parser = parse_min_keys)]
     pub attn_min_keys: usize,
-    /// int4 GEMVs with int8 activations (one scale per 128 columns) and DP4A.
+    /// int4 GEMVs with int8 activations (one scale per 128 columns): on the integer tensor
+    /// cores, or with DP4A on CUDA cores together with --no-tc-gemv.
     #[arg(long)]
     pub int8_activations: bool,
     /// int4 GEMVs on CUDA cores (f32 activations) instead of tensor cores (bf16-pair

@@ -73,12 +73,15 @@ pub struct CudaOptions {
     /// current context (`attn_split_wv_hd*_k8` / `_k32`), so a server sized for 8,192 tokens
     /// does not cut a 300-token context into 128 pieces of 2-3 keys and merge them all. Split
     /// boundaries then depend on the context only, not on `max_context` (sums in another order:
-    /// tolerance). Off until measured.
+    /// tolerance). 32 by default: measured on the H200 (E4B int4, server plan of 8,192 tokens)
+    /// 392.1 -> 403.4 tok/s (8: 401.6); on the benchmark's own 640-token plan 405.1 against
+    /// 406.1-409.0 (docs/performance.md, seventh session).
     pub attn_min_keys: usize,
-    /// int4 GEMVs with the activation quantized to int8 per 128 columns and DP4A dot products
-    /// (`gemv_a8`; tiled GEMV only): ~4x fewer instructions per weight. Changes the arithmetic:
-    /// its CPU reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M:
-    /// +0.23%, docs/performance.md). Off until measured.
+    /// int4 GEMVs with the activation quantized to int8 per 128 columns: on tensor cores
+    /// (the default) `gemv_mma_a8` / `gemv_mma_kw_a8` (integer mma, exact int32 sums), with
+    /// `tensor_core_gemv` off `gemv_a8` (DP4A on CUDA cores). Changes the arithmetic: its CPU
+    /// reference is `MatmulInputs::Int8 { group: 128 }` (PPL cost on the real 270M: +0.23%,
+    /// docs/performance.md). Off until measured.
     pub int8_activations: bool,
     /// int4 GEMVs on tensor cores (`gemv_mma`, kernels/gemv_mma.cu): nibble pairs turned into
     /// exact bf16 pairs, x entering as a bf16 pair (16 significant bits, relative error
@@ -141,7 +144,8 @@ impl Default for CudaOptions {
             attn_smem_tile: false,
             attn_by_head_dim: None,
             attn_warp_values: true,
-            attn_min_keys: 0,
+            // Measured on the H200: the server's plan 392.1 -> 403.4 tok/s.
+            attn_min_keys: 32,
             int8_activations: false,
             // Measured on the H200: 384.7 against 334.2 tok/s (docs/performance.md).
             tensor_core_gemv: true,
@@ -165,7 +169,6 @@ impl CudaOptions {
     pub fn uses_tensor_cores(&self) -> bool {
         self.tensor_core_gemv
             && self.quant == Quant::Int4
-            && !self.uses_int8_activations()
             && !(self.persistent_gemv || self.single_kernel || self.gemv_unroll8 || self.fuse_ple)
     }
 
@@ -176,7 +179,8 @@ impl CudaOptions {
         self.attn_by_head_dim.unwrap_or(self.quant == Quant::Int4)
     }
 
-    /// Whether the int4 decode GEMVs take int8 activations (`gemv_a8`, tiled GEMV only).
+    /// Whether the int4 decode GEMVs take int8 activations (`gemv_mma_a8` on tensor cores,
+    /// else `gemv_a8`).
     pub fn uses_int8_activations(&self) -> bool {
         self.int8_activations
             && self.quant == Quant::Int4
@@ -189,6 +193,8 @@ impl CudaOptions {
             "single-kernel step"
         } else if self.persistent_gemv {
             "persistent"
+        } else if self.uses_tensor_cores() && self.uses_int8_activations() {
+            "tiled, tensor cores, int8 activations (W4A8, integer mma)"
         } else if self.uses_tensor_cores() && self.tensor_core_ring {
             "tiled, tensor cores, cp.async ring"
         } else if self.uses_tensor_cores() && self.tensor_core_kwarps {
@@ -246,7 +252,18 @@ mod tests {
             int8_activations: true,
             ..o.clone()
         };
-        assert!(!a8.uses_tensor_cores() && a8.uses_int8_activations());
+        // int8 activations run on the integer tensor cores unless those are turned off.
+        assert!(a8.uses_tensor_cores() && a8.uses_int8_activations());
+        assert_eq!(
+            a8.gemv_name(),
+            "tiled, tensor cores, int8 activations (W4A8, integer mma)"
+        );
+        let a8_dp4a = CudaOptions {
+            tensor_core_gemv: false,
+            ..a8.clone()
+        };
+        assert!(!a8_dp4a.uses_tensor_cores() && a8_dp4a.uses_int8_activations());
+        assert_eq!(a8_dp4a.gemv_name(), "tiled, int8 activations (DP4A)");
         for v in [
             CudaOptions {
                 persistent_gemv: true,

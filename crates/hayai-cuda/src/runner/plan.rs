@@ -123,7 +123,11 @@ impl CudaRunner {
                 Launch::new(
                     &self.gpu,
                     label,
-                    gemv_mma_kw_kernel(),
+                    if self.int8_act {
+                        "gemv_mma_kw_a8"
+                    } else {
+                        gemv_mma_kw_kernel()
+                    },
                     grid,
                     256,
                     smem as u32,
@@ -133,6 +137,9 @@ impl CudaRunner {
                 let grid = (m.rows.div_ceil(GEMV_MMA_ROWS) as u32, splits as u32, 1);
                 let (kernel, smem) = if self.ring_for(m) {
                     ("gemv_mma_ring", gemv_mma_ring_smem(m.cols, norms, per))
+                } else if self.int8_act {
+                    // Same shared memory: the int8 fragments take less than the bf16 pairs.
+                    ("gemv_mma_a8", gemv_mma_smem(m.cols, norms, per))
                 } else {
                     (gemv_mma_kernel(), gemv_mma_smem(m.cols, norms, per))
                 };
@@ -218,6 +225,7 @@ impl CudaRunner {
     fn ring_for(&self, m: &DevMat) -> bool {
         let mb = m.bytes >> 20;
         m.int4
+            && !self.int8_act
             && (self.tc_ring
                 || self.tc_gemv && ring_mb_range().is_some_and(|(lo, hi)| (lo..=hi).contains(&mb)))
     }
