@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: the streamed-step prototype's stream-rate variants (scripts/proto-stream.sh,
-#         nvcc there; ~2 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         pending: the streamed-step prototype's lean variant and stream-rate variants
+#         (scripts/proto-stream.sh, nvcc there; ~2 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -61,9 +61,9 @@ run() {
   if has pending; then
     # What the last session wrote and could not run: the streamed-step prototype's stream-rate
     # variants (chunk size, L2 bulk prefetch ahead), W4A8 cells, TMA ring.
-    stage "streamed-step prototype: stream rate"
-    BUILDS="A8=1 A8=1,CH_CELLS=32 A8=1,CH_CELLS=8 A8=1,PF=1 A8=1,PF=2" PROTO_MODES=02 \
-      timeout 300 scripts/proto-stream.sh --iters 10 > "$out/proto.log" 2>&1
+    stage "streamed-step prototype: the lean variant, stream rate"
+    BUILDS="A8=1 A8=1,PF=1 A8=1,NW=12" PROTO_MODES=024 \
+      timeout 300 scripts/proto-stream.sh --iters 10 --chunks 11 > "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
     grep -E "^###|^chunk|^== |full chain|stream only|check|lm_head|gate_up|WATCHDOG|^rc=" "$out/proto.log" | tee -a "$out/session.log"
   fi

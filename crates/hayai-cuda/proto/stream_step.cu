@@ -199,7 +199,7 @@ __device__ __forceinline__ uint32_t nib_pair(uint32_t w) {
 // pair of LOP3 (and a shift) turns 8 nibbles into two A registers, against 11 instructions for
 // 4 registers on the bf16 path.
 __device__ __forceinline__ void mma_u8s8(int* d, const uint32_t* a, const uint32_t* b) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
@@ -627,6 +627,287 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     R.release_to((total + CH_CELLS - 1) / CH_CELLS * CH_CELLS, lane);
 }
 
+// ---- the lean variant (W4A8, bulk copies): fewer block-wide steps per operation ----
+//
+// What stream_step measured (docs/performance.md): ~2.5 µs per operation even with no bytes, and
+// consumers that take one cell at a time. Here every warp works on its own until it has results:
+// it polls the producing operation's counter itself, reads the input and (for a norm) its sum
+// of squares itself, and builds the int8 fragments of only the groups it multiplies in its own
+// shared-memory slots; it keeps up to 4 cells in flight. Passes with one warp per tile write
+// their rows directly; passes whose tiles are shared by kw > 1 warps still add the slices'
+// sums after one block barrier. The operation's counter is bumped by the SM's last warp to
+// finish (a shared counter with acquire-release), so no warp waits for the others at the end.
+#define LEAN_SLOTS 20  // groups one warp multiplies in one operation (E4B: at most 20)
+#define LEAN_E 10      // fragment entries per lane: LEAN_SLOTS * 16 / 32
+
+// Groups this warp multiplies in an operation of nt tiles (0 when it has none): all G when the
+// SM's tiles come in several passes (kw = 1 in all but maybe the last), else those of its slice.
+__host__ __device__ inline int lean_groups(int nt, int G, int warp, int& sl, int& kw) {
+    sl = 0;
+    kw = 1;
+    if (nt <= 0) return 0;
+    if (nt > NW) return G;
+    const Pass q = pass_of(nt, 0, G);
+    if (warp >= q.np * q.kw) return 0;
+    kw = q.kw;
+    sl = warp % q.kw;
+    return sl < G ? (G - sl + kw - 1) / kw : 0;
+}
+
+template <int NCH>
+__global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ uint64_t full[NCH], empty[NCH];
+    __shared__ float red[2][NW][16];
+    __shared__ int wxs8[NW][LEAN_SLOTS];
+    __shared__ float wxsc[NW][LEAN_SLOTS];
+    __shared__ unsigned opcnt;
+    Ring<NCH> R;
+    R.cells = (const uint4*)smem;
+    R.full = full;
+    R.empty = empty;
+    R.have = 0;
+    R.rel = 0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int s = blockIdx.x, nsm = gridDim.x;
+    // This warp's fragments: [slot][4 steps][4 lanes] uint2.
+    uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES) + (size_t)(warp < NW ? warp : 0) * LEAN_SLOTS * 16;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NCH; i++) {
+            mbar_init(&full[i], 1);
+            mbar_init(&empty[i], NW);
+        }
+        opcnt = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    }
+    __syncthreads();
+    unsigned total = 0;
+    for (int k = 0; k < P.n_ops; k++) {
+        int t0, nt;
+        sm_tiles(P.ops[k].rows, nsm, s, t0, nt);
+        total += (unsigned)(nt * P.ops[k].G);
+    }
+    const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
+    if (warp == NW) {  // producer, as in stream_step (bulk copies)
+        const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
+        for (unsigned c = 0; c < nch; c++) {
+            const unsigned slot = c % NCH;
+            if (c >= NCH) mbar_wait(&empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
+            const unsigned first = c * CH_CELLS;
+            const unsigned n16 = min((unsigned)CH_CELLS, total - first) * CELL_U4;
+            uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
+            if (lane == 0) {
+                if (P.mode >= 3) mbar_arrive(&full[slot]);
+                else bulk_copy(dst, src + (size_t)first * CELL_U4, n16 * 16, &full[slot]);
+            }
+        }
+        return;
+    }
+
+    const int tid = threadIdx.x;
+    unsigned base = 0;
+    int pc = 0;  // passes with a block barrier so far (red[] parity: consecutive ones alternate)
+    for (int k = 0; k < P.n_ops; k++) {
+        const Op op = P.ops[k];
+        int t0, nt;
+        sm_tiles(op.rows, nsm, s, t0, nt);
+        const int G = op.G;
+        const unsigned next_base = base + (unsigned)(nt * G);
+        int sl, kw;
+        const int ng = lean_groups(nt, G, warp, sl, kw);
+        if (nt > 0) {
+            // The input, by this warp alone: wait for its producer (lane 0 polls, the warp
+            // follows), then one batch of loads: the needed groups' entries (t, c) — inputs
+            // 32 t + 4 c + 0..3 and + 16 — and, for a norm over inputs this warp does not hold,
+            // the whole vector's sum of squares.
+            if (P.mode == 0 && op.in_op >= 0) {
+                if (lane == 0) {
+                    const unsigned target = P.epoch * (unsigned)nsm;
+                    unsigned long long t0w = 0;
+                    for (unsigned n = 1; (int)(ld_acquire(&P.done[op.in_op]) - target) < 0; n++)
+                        if ((n & 255) == 0 && watchdog(t0w, 3, k, 0)) break;
+                }
+                __syncwarp();
+            }
+            if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = gtime();
+            float4 va[LEAN_E], vb[LEAN_E];
+#pragma unroll
+            for (int j = 0; j < LEAN_E; j++) va[j] = vb[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            float ss = 0.f;
+            const bool all = ng == G;
+#pragma unroll
+            for (int j = 0; j < LEAN_E; j++) {
+                const int e = lane + 32 * j;  // entry: slot e / 16, (t, c) = e % 16
+                if (e < ng * 16) {
+                    const int slot = e >> 4, grp = all ? slot : sl + slot * kw, t = (e >> 2) & 3, c = e & 3;
+                    const float* x = op.in + op.in_off + grp * 128 + t * 32 + 4 * c;
+                    float4 lo = make_float4(1.f, 0.5f, -1.f, 0.25f), hi = lo;
+                    if (P.mode != 4) {
+                        lo = __ldcg((const float4*)x);
+                        hi = __ldcg((const float4*)(x + 16));
+                    }
+                    va[j] = lo;
+                    vb[j] = hi;
+                    ss += lo.x * lo.x + lo.y * lo.y + lo.z * lo.z + lo.w * lo.w + hi.x * hi.x + hi.y * hi.y +
+                          hi.z * hi.z + hi.w * hi.w;
+                }
+            }
+            float scale = 1.f;
+            if (op.norm && ng > 0) {
+                if (!all) {
+                    ss = 0.f;
+                    for (int i = lane; i < op.K / 4; i += 32) {
+                        float4 v = make_float4(1.f, 0.5f, -1.f, 0.25f);
+                        if (P.mode != 4) v = __ldcg((const float4*)(op.in + op.in_off) + i);
+                        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    }
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                scale = rsqrtf(ss / (float)op.K + 1e-6f);
+            }
+#pragma unroll
+            for (int j = 0; j < LEAN_E; j++) {
+                const int e = lane + 32 * j;
+                if (j * 32 < ng * 16) {  // whole warps: the shuffles below need every lane
+                    const bool on = e < ng * 16;
+                    const int slot = e >> 4, t = (e >> 2) & 3, c = e & 3;
+                    const float x[8] = {va[j].x * scale, va[j].y * scale, va[j].z * scale, va[j].w * scale,
+                                        vb[j].x * scale, vb[j].y * scale, vb[j].z * scale, vb[j].w * scale};
+                    float m = 0.f;
+                    if (on) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(x[i]));
+                    }
+#pragma unroll
+                    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                    const float inv = m > 0.f ? 127.f / m : 0.f;
+                    int q[8], qs = 0;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        q[i] = max(-127, min(127, __float2int_rn(x[i] * inv)));
+                        qs += q[i];
+                    }
+#pragma unroll
+                    for (int o = 8; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+                    if (on) {
+                        const uint32_t b0 = (q[0] & 255) | (q[1] & 255) << 8 | (q[2] & 255) << 16 | (uint32_t)(q[3] & 255) << 24;
+                        const uint32_t b1 = (q[4] & 255) | (q[5] & 255) << 8 | (q[6] & 255) << 16 | (uint32_t)(q[7] & 255) << 24;
+                        xf[(slot * 4 + t) * 4 + c] = make_uint2(b0, b1);
+                        if ((e & 15) == 0) {
+                            wxs8[warp][slot] = qs;
+                            wxsc[warp][slot] = m / 127.f;
+                        }
+                    }
+                }
+            }
+            __syncwarp();
+
+            for (int p = 0; p * NW < nt; p++) {
+                const Pass q = pass_of(nt, p, G);
+                const unsigned pb = base + (unsigned)(p * NW * G);
+                float acc_a = 0.f, acc_b = 0.f;
+                const int ti = warp / q.kw, psl = warp % q.kw;
+                if (warp < q.np * q.kw) {
+                    // Up to 4 cells in flight: their chunks waited for first, then the products.
+                    for (int r = 0; r < q.rounds; r += 4) {
+                        unsigned pos[4];
+                        int grp[4], n = 0;
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int rr = r + i, g = rr * q.kw + psl;
+                            pos[i] = 0;
+                            grp[i] = 0;
+                            if (rr < q.rounds && g < G) {
+                                const int cnt = min(q.kw, G - rr * q.kw);
+                                pos[i] = pb + (unsigned)(rr * q.np * q.kw + ti * cnt + psl);
+                                grp[i] = g;
+                                n = i + 1;
+                            }
+                        }
+                        if (n == 0) break;
+                        R.release_to(pos[0], lane);
+                        R.land(pos[n - 1] / CH_CELLS);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            if (i < n) {
+                                // Slot of the group: all groups in order, or this slice's r-th.
+                                const int slot = ng == G ? grp[i] : r + i;
+                                cell_imma(R.cell(pos[i]), xf + slot * 16, wxs8[warp][slot], wxsc[warp][slot],
+                                          lane, acc_a, acc_b);
+                            }
+                        }
+                    }
+                }
+                R.release_to(pb + (unsigned)(q.np * G), lane);
+                const int tile0 = t0 + p * NW;
+                if (q.kw == 1) {
+                    // Whole rows in this warp: lanes c = 0 hold rows g and g + 8 of tile ti.
+                    if (warp < q.np) {
+                        const int g = lane >> 2;
+                        if (op.glu) {
+                            // (gate, up) = rows (2j, 2j + 1): lanes 4 (2j) and 4 (2j + 1).
+                            const float up_a = __shfl_down_sync(0xffffffffu, acc_a, 4);
+                            const float up_b = __shfl_down_sync(0xffffffffu, acc_b, 4);
+                            if ((lane & 3) == 0 && (g & 1) == 0) {
+                                op.out[(tile0 + ti) * 8 + (g >> 1)] = gelu_tanh(acc_a) * up_a;
+                                op.out[(tile0 + ti) * 8 + 4 + (g >> 1)] = gelu_tanh(acc_b) * up_b;
+                            }
+                        } else if ((lane & 3) == 0) {
+                            op.out[(tile0 + ti) * 16 + g] = acc_a;
+                            op.out[(tile0 + ti) * 16 + g + 8] = acc_b;
+                        }
+                    }
+                } else {
+                    // Tiles shared by kw warps: their sums meet after one barrier (every warp
+                    // of the SM takes the same passes, so all arrive).
+                    if (warp < q.np * q.kw && (lane & 3) == 0) {
+                        red[pc & 1][warp][lane >> 2] = acc_a;
+                        red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
+                    }
+                    consumers_sync();
+                    if (op.glu) {
+                        for (int i = tid; i < q.np * 8; i += NW * 32) {
+                            const int tj = i >> 3, j = i & 7;
+                            float gsum = 0.f, usum = 0.f;
+                            for (int v = 0; v < q.kw; v++) {
+                                gsum += red[pc & 1][tj * q.kw + v][2 * j];
+                                usum += red[pc & 1][tj * q.kw + v][2 * j + 1];
+                            }
+                            op.out[(tile0 + tj) * 8 + j] = gelu_tanh(gsum) * usum;
+                        }
+                    } else {
+                        for (int i = tid; i < q.np * 16; i += NW * 32) {
+                            const int tj = i >> 4, row = i & 15;
+                            float sum = 0.f;
+                            for (int v = 0; v < q.kw; v++) sum += red[pc & 1][tj * q.kw + v][row];
+                            op.out[(tile0 + tj) * 16 + row] = sum;
+                        }
+                    }
+                    pc++;
+                }
+            }
+        }
+        R.release_to(next_base, lane);
+        // The SM's last warp to get here publishes the operation (its shared-memory atomic
+        // acquires the others' releases; its gpu-scope release covers them).
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) {
+            unsigned old;
+            asm volatile("atom.add.acq_rel.cta.shared::cta.u32 %0, [%1], 1;" : "=r"(old) : "r"(smem_u32(&opcnt)) : "memory");
+            if (old + 1 == (unsigned)NW * (unsigned)(k + 1)) {
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+                if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = gtime();
+            }
+        }
+        base = next_base;
+    }
+    R.release_to((total + CH_CELLS - 1) / CH_CELLS * CH_CELLS, lane);
+}
+
 // ---- reference: one warp per output row, from the canonical cell layout ----
 
 // Nibble of (row rr, column k) of a cell: see the layout in make_cells.
@@ -958,15 +1239,34 @@ int main(int argc, char** argv) {
 
     // Configurations: ring depth (chunks) x copy engine.
     typedef void (*Kern)(const Params);
-    struct Cfg { int nch; bool bulk; bool il; Kern k; };
+    struct Cfg { int nch; bool bulk; bool il; Kern k; bool lean; };
     std::vector<Cfg> cfgs;
-    const Cfg all[] = {{11, true, false, stream_step<11, true>}, {6, true, false, stream_step<6, true>},
-                       {3, true, false, stream_step<3, true>}};
+    const Cfg all[] = {{11, true, false, stream_step<11, true>, false}, {6, true, false, stream_step<6, true>, false},
+                       {3, true, false, stream_step<3, true>, false},
+#if A8
+                       {11, true, false, stream_step_lean<11>, true}, {6, true, false, stream_step_lean<6>, true},
+#endif
+    };
+    const size_t lean_xf = (size_t)NW * LEAN_SLOTS * 16 * sizeof(uint2);
+    const int fit_lean = (int)((avail - lean_xf) / (CH_CELLS * CELL_BYTES));
+    const bool lean_only = getenv("PROTO_LEAN") && !strcmp(getenv("PROTO_LEAN"), "only");
     for (const Cfg& c : all) {
-        if (c.nch > fit || (c.bulk && !hopper)) continue;
+        if (c.nch > (c.lean ? fit_lean : fit) || (c.bulk && !hopper)) continue;
         if (n_ch_req > 0 && c.nch != n_ch_req) continue;
+        if (lean_only && !c.lean) continue;
         cfgs.push_back(c);
     }
+    // The lean variant's per-warp fragment slots must hold every warp's groups.
+    for (int k = 0; k < n_ops; k++)
+        for (int sm = 0; sm < P; sm++) {
+            int t0, nt, sl, kw;
+            sm_tiles(ops[k].rows, P, sm, t0, nt);
+            for (int w = 0; w < NW; w++)
+                if (lean_groups(nt, ops[k].K / 128, w, sl, kw) > LEAN_SLOTS) {
+                    fprintf(stderr, "operation %d: more than %d groups per warp\n", k, LEAN_SLOTS);
+                    return 1;
+                }
+        }
     if (cfgs.empty()) { fprintf(stderr, "no configuration fits (%d chunks)\n", fit); return 1; }
     bool all_pass = true;
     {
@@ -985,10 +1285,11 @@ int main(int argc, char** argv) {
     }
     const char* names[5] = {"full chain", "no input waits", "stream only", "compute only", "cells only"};
     for (const Cfg& cfg : cfgs) {
-    const size_t smem = (size_t)cfg.nch * CH_CELLS * CELL_BYTES + xf_bytes;
+    const size_t smem = (size_t)cfg.nch * CH_CELLS * CELL_BYTES + (cfg.lean ? lean_xf : xf_bytes);
     CK(cudaFuncSetAttribute(cfg.k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    printf("== ring %d chunks x %d cells = %zu KB (+ B fragments %zu KB), %s, %s\n", cfg.nch, CH_CELLS,
-           (size_t)cfg.nch * CH_CELLS * CELL_BYTES / 1024, xf_bytes / 1024,
+    printf("== %sring %d chunks x %d cells = %zu KB (+ B fragments %zu KB), %s, %s\n",
+           cfg.lean ? "LEAN (per-warp inputs, 4 cells in flight), " : "", cfg.nch, CH_CELLS,
+           (size_t)cfg.nch * CH_CELLS * CELL_BYTES / 1024, (cfg.lean ? lean_xf : xf_bytes) / 1024,
            cfg.bulk ? "bulk copies (TMA)" : "cp.async by one warp",
            cfg.il ? "streams interleaved by chunk" : "one contiguous stream per SM");
     for (int mode = 0; mode < 5; mode++) {
