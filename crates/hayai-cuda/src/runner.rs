@@ -481,7 +481,7 @@ impl CudaRunner {
                 gpu.set_max_dynamic_smem("gemv_mma_a8", mma)?;
                 gpu.set_max_dynamic_smem("gemv_mma_kw_a8", mma)?;
             }
-            if opts.tensor_core_ring || ring_mb_range().is_some() {
+            if opts.tensor_core_ring {
                 let ring = gemv_mma_ring_smem(max_cols, false, max_cols / 128)
                     .max(gemv_mma_ring_smem(h, true, h / 128));
                 if ring > gpu.max_smem_optin()? {

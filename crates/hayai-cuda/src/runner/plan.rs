@@ -109,13 +109,9 @@ impl CudaRunner {
             let norms = p.res_in != 0 || p.norm_w != 0;
             let per = (m.cols / 128).div_ceil(splits);
             if let Some((kw, _)) = self.mma_kwarps_for(m) {
-                // The block's warps share its 16-row tiles along K (`splits` from mat_splits:
-                // 1 up to KWARPS_MAX_BYTES).
-                // The split sum's GeGLU pairs rows by warp shuffles over whole 32-row warps.
-                assert!(
-                    splits == 1 || p.glu == 0 || GEMV_MMA_ROWS / kw >= 32,
-                    "{label}: a split GeGLU needs tiles of at least 32 rows (HAYAI_KW_MAX_MB)"
-                );
+                // The block's warps share its 16-row tiles along K; no K split across blocks
+                // (`mat_splits` gives 1 for these matrices).
+                debug_assert_eq!(splits, 1, "{label}");
                 let mut p = p;
                 p.kwarps = kw as i32;
                 let grid = (m.rows.div_ceil(GEMV_MMA_ROWS / kw) as u32, splits as u32, 1);
@@ -204,30 +200,23 @@ impl CudaRunner {
         splits_for(m.rows.div_ceil(8), units, sm, gemv_warps_per_sm(m.int4))
     }
 
-    /// Warps per 16-row tile and K splits when `m` runs as `gemv_mma_kw`
+    /// Warps per 16-row tile and K splits (always 1) when `m` runs as `gemv_mma_kw`
     /// ([`CudaOptions::tensor_core_kwarps`]): int4 matrices of at most [`KWARPS_MAX_BYTES`]
-    /// (`kwarps_max_bytes`) that `gemv_mma` would split along K and whose tiles take more than
-    /// one warp.
+    /// that `gemv_mma` would split along K and whose tiles take more than one warp.
     fn mma_kwarps_for(&self, m: &DevMat) -> Option<(usize, usize)> {
-        if !(self.tc_kwarps && m.int4 && m.bytes <= kwarps_max_bytes()) || self.ring_for(m) {
+        if !(self.tc_kwarps && m.int4 && m.bytes <= KWARPS_MAX_BYTES) || self.ring_for(m) {
             return None;
         }
         let (sm, units) = (self.gpu.sm_count as usize, m.cols / 128);
         let kw = mma_kwarps(m.rows, units, sm);
-        (kw > 1 && gemv_mma_splits(m.rows, units, sm) > 1)
-            .then(|| (kw, mma_kw_splits(m.bytes, m.rows, units, kw, sm)))
+        (kw > 1 && gemv_mma_splits(m.rows, units, sm) > 1).then_some((kw, 1))
     }
 
-    /// Whether `m` streams its weights through `gemv_mma_ring`: every int4 matrix with
-    /// [`CudaOptions::tensor_core_ring`], or (a measurement switch) those whose size falls in
-    /// `HAYAI_RING_MB=LO-HI` on the tensor-core path — e.g. gate/up alone, whose blocks can fill
-    /// their rings during the short O projection before it.
+    /// Whether `m` streams its weights through `gemv_mma_ring` ([`CudaOptions::tensor_core_ring`];
+    /// not with int8 activations). Only gate/up, or gate/up and down, that way measured 364.1 /
+    /// 351.7 against 406-409 tok/s (seventh session; that switch was removed).
     fn ring_for(&self, m: &DevMat) -> bool {
-        let mb = m.bytes >> 20;
-        m.int4
-            && !self.int8_act
-            && (self.tc_ring
-                || self.tc_gemv && ring_mb_range().is_some_and(|(lo, hi)| (lo..=hi).contains(&mb)))
+        m.int4 && !self.int8_act && self.tc_ring
     }
 
     /// Resident 256-thread blocks of `kernel` per SM with `smem` bytes of dynamic shared memory.

@@ -27,18 +27,6 @@ pub(crate) fn gemv_mma_ring_smem(cols: usize, norms: bool, groups: usize) -> usi
     gemv_mma_smem(cols, norms, groups) + GEMV_MMA_ROWS * groups * 2 + GEMV_MMA_RING * 2 * 256 * 16
 }
 
-/// `HAYAI_RING_MB=LO-HI` (MiB, inclusive): the int4 matrices that take `gemv_mma_ring` on the
-/// tensor-core path (a measurement switch; `CudaOptions::tensor_core_ring` takes every one).
-pub(crate) fn ring_mb_range() -> Option<(usize, usize)> {
-    parse_mb_range(&std::env::var("HAYAI_RING_MB").ok()?)
-}
-
-fn parse_mb_range(v: &str) -> Option<(usize, usize)> {
-    let (lo, hi) = v.split_once('-')?;
-    let (lo, hi) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
-    (lo <= hi).then_some((lo, hi))
-}
-
 /// Split-K of `gemv_mma_ring` for `tiles` row tiles: as many splits as keep the grid within the
 /// blocks the GPU holds at once (`resident`), never under 4 groups per split.
 pub(crate) fn ring_splits(tiles: usize, units: usize, resident: usize) -> usize {
@@ -153,37 +141,10 @@ pub(crate) fn gemv_mma_splits(rows: usize, units: usize, sm_count: usize) -> usi
 /// Largest matrix (weights and scales) that `gemv_mma_kw` takes when it is on: measured on the
 /// H200 (E4B shapes, µs per launch against `gemv_mma`), the PLE gate 5.5 -> 4.3, O 4.5 -> 4.0,
 /// QKV 7.4 -> 7.0, but down (13.5 MB) 9.3 -> 12.1 and the lm_head 112 -> 126: the in-block K
-/// sum saves split-K's fixed cost, which only dominates small matrices.
+/// sum saves split-K's fixed cost, which only dominates small matrices. Larger ones as
+/// `gemv_mma_kw` with K splits across blocks (down, then gate/up too) measured 398.9 / 396.2
+/// against 406-409 tok/s (seventh session; the switch was removed).
 pub(crate) const KWARPS_MAX_BYTES: usize = 8 << 20;
-
-/// [`KWARPS_MAX_BYTES`], or `HAYAI_KW_MAX_MB` MiB (measurements: larger matrices then run as
-/// `gemv_mma_kw` too, with [`mma_kw_splits`]).
-pub(crate) fn kwarps_max_bytes() -> usize {
-    std::env::var("HAYAI_KW_MAX_MB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(KWARPS_MAX_BYTES, |mb| mb << 20)
-}
-
-/// K splits of a `gemv_mma_kw` matrix of `bytes`: none up to [`KWARPS_MAX_BYTES`] (measured);
-/// above it (only under `HAYAI_KW_MAX_MB`) as many as bring the grid's warps to
-/// `gemv_mma_warps_per_sm()` per SM, each warp keeping at least two 128-column groups.
-pub(crate) fn mma_kw_splits(
-    bytes: usize,
-    rows: usize,
-    units: usize,
-    kw: usize,
-    sm: usize,
-) -> usize {
-    if bytes <= KWARPS_MAX_BYTES {
-        return 1;
-    }
-    let warps = rows.div_ceil(16) * kw;
-    (sm * gemv_mma_warps_per_sm())
-        .div_ceil(warps.max(1))
-        .clamp(1, MAX_SPLITS)
-        .min((units / (2 * kw)).max(1))
-}
 
 /// The `gemv_mma_kw` instance (`HAYAI_MMA_U` as for `gemv_mma_kernel`).
 pub(crate) fn gemv_mma_kw_kernel() -> &'static str {
@@ -264,24 +225,6 @@ mod tests {
                 assert!(kw.is_power_of_two() && kw <= 8 && (kw == 1 || kw <= units));
             }
         }
-    }
-
-    #[test]
-    fn ring_size_ranges_parse() {
-        assert_eq!(parse_mb_range("20-40"), Some((20, 40)));
-        assert_eq!(parse_mb_range(" 10 - 10 "), Some((10, 10)));
-        for bad in ["", "20", "40-20", "a-b", "-3"] {
-            assert_eq!(parse_mb_range(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn kw_splits_only_above_the_measured_size() {
-        // Down (2,560 rows, 80 groups, 13.5 MB) at 8 warps per tile: 2 splits of 5 groups per
-        // warp; anything up to 8 MB unsplit.
-        assert_eq!(mma_kw_splits(13 << 20, 2560, 80, 8, 132), 2);
-        assert_eq!(mma_kw_splits(4 << 20, 3072, 20, 8, 132), 1);
-        assert_eq!(mma_kw_splits(20 << 20, 16, 8, 8, 132), 1);
     }
 
     #[test]
