@@ -59,6 +59,17 @@ __device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, const uint
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// D += A B on the integer tensor cores, m16n8k32, u8 A (row) x s8 B (col), s32 accumulators
+// (sm_80+): lane 4 g + c holds A rows g (a0, a2) and g + 8 (a1, a3) at k slots 4c..4c+3 (a0,
+// a1) and 16+4c.. (a2, a3); B slots 4c..4c+3 (b0) and 16+4c.. (b1) of column g; D as mma_bf16.
+__device__ __forceinline__ void mma_u8s8(int* d, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // Asynchronous 16-byte global -> shared copies (sm_80+), completed per thread by cp_async_wait.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

@@ -37,6 +37,17 @@ static_assert(sizeof(GemvParams) == 184, "GemvParams is mirrored by the host (ru
 // [lane l][word u][A, B] (A pairs with the low nibbles of weight word u, B with the high ones),
 // then per group and lane the sum of its 32 quantized values (for the +8 nibble offset), then
 // per group t.
+// A group's int8 quantization (MatmulInputs::Int8 { group: 128 }) for a warp that holds it, this
+// lane's 4 columns in `v`: q = round(x * 127 / max|x|), clamped to [-127, 127]. Returns max|x|.
+__device__ __forceinline__ float act8_quantize4(const float4 v, int q[4]) {
+    const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float inv = m > 0.f ? 127.f / m : 0.f;
+    const float vals[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) q[i] = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
+    return m;
+}
+
 // Groups [g0, g1) only: the ones this block multiplies.
 __device__ void gemv_act8_quantize(const float* xs, int cols, int g0, int g1) {
     uint8_t* x8 = (uint8_t*)(xs + cols);
@@ -45,17 +56,15 @@ __device__ void gemv_act8_quantize(const float* xs, int cols, int g0, int g1) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int g = g0 + warp; g < g1; g += blockDim.x >> 5) {
         // Lane owns columns 4 lane .. 4 lane + 3 of the group.
-        const float4 v = ((const float4*)(xs + g * 128))[lane];
-        const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-        const float inv = m > 0.f ? 127.f / m : 0.f;
-        const float vals[4] = {v.x, v.y, v.z, v.w};
+        int qv[4];
+        const float m = act8_quantize4(((const float4*)(xs + g * 128))[lane], qv);
         int qsum = 0;
         // Column c = 4 lane + i: weight word u = lane / 8, half = (lane % 8) / 4 (columns +16),
         // weight lane l = lane % 4, nibble k = 4 half + i: byte k / 2 of word A (k even) or B.
         const int u = lane >> 3, half = (lane >> 2) & 1, l = lane & 3;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int q = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
+            const int q = qv[i];
             qsum += q;
             const int k = 4 * half + i;
             const int word = g * 32 + (l * 4 + u) * 2 + (k & 1);

@@ -90,14 +90,7 @@ __device__ __forceinline__ float2 gemv_mma_group(const uint4 ca, const uint4 cb,
 // a0 / a1 their low nibbles (k slots 4c..4c+3), a2 / a3 their high nibbles (slots 16+4c..), so
 // the B fragment of lane (0, c) is b0 = the int8 x at the columns of nibbles 0, 2, 4, 6 of word u
 // of chunk c and b1 at those of nibbles 1, 3, 5, 7. Measured first in the streamed-step
-// prototype (crates/hayai-cuda/proto/stream_step.cu: lm_head 131 -> 94 µs).
-__device__ __forceinline__ void mma_u8s8(int* d, const uint32_t* a, const uint32_t* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+// prototype (crates/hayai-cuda/proto/stream_step.cu: lm_head 131 -> 94 µs). mma_u8s8: common.cuh.
 
 // The int8 B fragments of groups [g0, g1) from x (f32, shared): fr8[(g - g0) * 16 + 4 u + c],
 // then per group its integer x sum (int, `per` of them) and scale max|x| / 127 (float). One warp
@@ -108,17 +101,14 @@ __device__ void gemv_mma_a8_fragments(const float* xs, uint2* fr8, int per, int 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int8_t* q = q8 + warp * 128;
     for (int g = g0 + warp; g < g1; g += blockDim.x >> 5) {
-        // The quantization of gemv_act8_quantize (gemv.cu): lane owns columns 4 lane .. + 3.
-        const float4 v = ((const float4*)(xs + g * 128))[lane];
-        const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-        const float inv = m > 0.f ? 127.f / m : 0.f;
-        const float vals[4] = {v.x, v.y, v.z, v.w};
+        // gemv_a8's quantization (gemv.cu): lane owns columns 4 lane .. + 3.
+        int qv[4];
+        const float m = act8_quantize4(((const float4*)(xs + g * 128))[lane], qv);
         int qsum = 0;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int qi = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
-            qsum += qi;
-            q[4 * lane + i] = (int8_t)qi;
+            qsum += qv[i];
+            q[4 * lane + i] = (int8_t)qv[i];
         }
         qsum = __reduce_add_sync(HAYAI_FULL_MASK, qsum);
         __syncwarp();

@@ -24,8 +24,9 @@
 //   passes of up to 8; with fewer tiles than warps, kw = 8 / tiles warps share a tile along K
 //   and add their sums in shared memory (fixed order: deterministic). Whole rows leave the SM,
 //   so the next operation reads exactly its input vector.
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+// The engine's device helpers (mma_bf16, mma_u8s8, cp_async16, gelu_tanh, global_ns, ...).
+#include "../kernels/common.cuh"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,10 +97,9 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
 // shows up as a message instead of a hung process.
 __device__ unsigned g_abort;
 __device__ int* g_dbg;
-__device__ __forceinline__ unsigned long long gtime();
 __device__ __noinline__ bool watchdog(unsigned long long& t0, int what, int info, unsigned parity) {
     if (*(volatile unsigned*)&g_abort) return true;
-    const unsigned long long t = gtime();
+    const unsigned long long t = global_ns();
     if (t0 == 0) {
         t0 = t;
     } else if (t - t0 > 2000000000ull) {
@@ -144,9 +144,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity, int what
     for (unsigned n = 1; !mbar_test(b, parity); n++)
         if ((n & 15) == 0 && watchdog(t0, what, info, parity)) return;
 }
-__device__ __forceinline__ void cp_async16(void* s, const void* g) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(s)), "l"(g) : "memory");
-}
 __device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_u32(b)) : "memory");
 }
@@ -157,22 +154,6 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
-}
-__device__ __forceinline__ unsigned long long gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #ifndef OFFSET
 #define OFFSET 0
@@ -190,6 +171,21 @@ __device__ __forceinline__ uint32_t nib_pair(uint32_t w) {
     return *(const uint32_t*)&q;
 #endif
 }
+// A lane's part of a cell: its 8 nibble words (two 16-byte loads) and the group scales of its
+// rows g and g + 8.
+struct CellLane {
+    uint32_t ws[8];
+    float sa, sb;
+};
+__device__ __forceinline__ CellLane cell_lane(const uint4* cp, int lane) {
+    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
+    const uint16_t* sc = (const uint16_t*)(cp + 64);
+    const int g = lane >> 2;
+    return CellLane{{w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w},
+                    __uint_as_float((uint32_t)sc[g] << 16),
+                    __uint_as_float((uint32_t)sc[g + 8] << 16)};
+}
+
 #ifndef A8
 #define A8 0
 #endif
@@ -198,22 +194,14 @@ __device__ __forceinline__ uint32_t nib_pair(uint32_t w) {
 // sums); the nibbles' offset of 8 comes off exactly through the group's integer input sum. A
 // pair of LOP3 (and a shift) turns 8 nibbles into two A registers, against 11 instructions for
 // 4 registers on the bf16 path.
-__device__ __forceinline__ void mma_u8s8(int* d, const uint32_t* a, const uint32_t* b) {
-    asm(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+//
 // One cell (W4A8): lane (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8
 // (high nibble) at columns 32 t + 4 c + i and 32 t + 16 + 4 c + i.
 __device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xg, int xs8, float xsc, int lane,
                                           float& acc_a, float& acc_b) {
-    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
-    const uint16_t* sc = (const uint16_t*)(cp + 64);
-    const int g = lane >> 2;
-    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
-    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    const CellLane L = cell_lane(cp, lane);
+    const uint32_t* ws = L.ws;
+    const float sa = L.sa, sb = L.sb;
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
     for (int t = 0; t < 4; t++) {
@@ -298,11 +286,9 @@ struct Ring {
 // lanes c = 0. Two accumulator sets halve the chain of dependent mma.
 __device__ __forceinline__ void cell_mma(const uint4* cp, const uint2* xg, float xsum, int lane,
                                          float& acc_a, float& acc_b) {
-    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
-    const uint16_t* sc = (const uint16_t*)(cp + 64);
-    const int g = lane >> 2;
-    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
-    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    const CellLane L = cell_lane(cp, lane);
+    const uint32_t* ws = L.ws;
+    const float sa = L.sa, sb = L.sb;
     float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int s = 0; s < 8; s++) {
@@ -335,6 +321,150 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 #endif
 }
 
+// Until every SM has published operation `k` in this launch (acquire: its outputs are visible).
+__device__ __forceinline__ void wait_operation(const Params& P, int k, int nsm) {
+    const unsigned target = P.epoch * (unsigned)nsm;
+    unsigned long long t0 = 0;
+    for (unsigned n = 1; (int)(ld_acquire(&P.done[k]) - target) < 0; n++)
+        if ((n & 255) == 0 && watchdog(t0, 3, k, 0)) break;
+}
+
+// The RMS norm's scale 1 / sqrt(mean x^2 + eps) from every consumer thread's partial sum of
+// squares (one barrier; the warps' sums added in warp order).
+__device__ __forceinline__ float consumers_rms_scale(float ss, int K, float* wsum, int warp, int lane) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) wsum[warp] = ss;
+    consumers_sync();
+    float t = 0.f;
+    for (int i = 0; i < NW; i++) t += wsum[i];
+    return rsqrtf(t / (float)K + 1e-6f);
+}
+
+// W4A8 input entry (group grp, step t, c): inputs 32 t + 4 c + 0..3 (lo) and + 16 (hi), read from
+// L2 (other SMs wrote them; mode 4 uses constants); returns their sum of squares.
+__device__ __forceinline__ float a8_entry_load(const Params& P, const Op& op, int grp, int t, int c, float4& lo,
+                                               float4& hi) {
+    const float* x = op.in + op.in_off + grp * 128 + t * 32 + 4 * c;
+    lo = hi = make_float4(1.f, 0.5f, -1.f, 0.25f);
+    if (P.mode != 4) {
+        lo = __ldcg((const float4*)x);
+        hi = __ldcg((const float4*)(x + 16));
+    }
+    return lo.x * lo.x + lo.y * lo.y + lo.z * lo.z + lo.w * lo.w + hi.x * hi.x + hi.y * hi.y + hi.z * hi.z +
+           hi.w * hi.w;
+}
+
+// The entry's 8 inputs (times `scale`) quantized with its group (the 16 lanes of a half warp, all
+// 32 lanes calling; `on` false: a lane without an entry, contributing nothing): the B fragment's
+// bytes, the group's integer sum `qs` and max|x| `m` (on every lane of the half).
+__device__ __forceinline__ uint2 a8_entry_quantize(float4 lo, float4 hi, float scale, bool on, int& qs, float& m) {
+    const float x[8] = {lo.x * scale, lo.y * scale, lo.z * scale, lo.w * scale,
+                        hi.x * scale, hi.y * scale, hi.z * scale, hi.w * scale};
+    m = 0.f;
+    if (on) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(x[i]));
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float inv = m > 0.f ? 127.f / m : 0.f;
+    int q[8];
+    qs = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        q[i] = max(-127, min(127, __float2int_rn(x[i] * inv)));
+        if (on) qs += q[i];
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+    return make_uint2((q[0] & 255) | (q[1] & 255) << 8 | (q[2] & 255) << 16 | (uint32_t)(q[3] & 255) << 24,
+                      (q[4] & 255) | (q[5] & 255) << 8 | (q[6] & 255) << 16 | (uint32_t)(q[7] & 255) << 24);
+}
+
+// After a pass's barrier: the np tiles' rows (GeGLU'd when `glu`) from the kw slice sums each
+// warp left in red[warp][16], added in slice order, written to out from tile `tile0` on.
+__device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int kw, int tile0, int tid) {
+    if (op.glu) {
+        for (int i = tid; i < np * 8; i += NW * 32) {
+            const int ti = i >> 3, j = i & 7;
+            float gsum = 0.f, usum = 0.f;
+            for (int sl = 0; sl < kw; sl++) {
+                gsum += red[ti * kw + sl][2 * j];
+                usum += red[ti * kw + sl][2 * j + 1];
+            }
+            op.out[(tile0 + ti) * 8 + j] = gelu_tanh(gsum) * usum;
+        }
+    } else {
+        for (int i = tid; i < np * 16; i += NW * 32) {
+            const int ti = i >> 4, row = i & 15;
+            float sum = 0.f;
+            for (int sl = 0; sl < kw; sl++) sum += red[ti * kw + sl][row];
+            op.out[(tile0 + ti) * 16 + row] = sum;
+        }
+    }
+}
+
+// The ring's barriers (thread 0; the caller synchronizes): a chunk is full after `full_count`
+// arrivals (1 bulk copy, or the 32 producer lanes' cp.async), empty after every consumer warp's.
+template <int NCH>
+__device__ void ring_init(uint64_t* full, uint64_t* empty, unsigned full_count) {
+    for (int i = 0; i < NCH; i++) {
+        mbar_init(&full[i], full_count);
+        mbar_init(&empty[i], NW);
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// Cells in SM s's stream.
+__device__ unsigned sm_stream_cells(const Params& P, int s, int nsm) {
+    unsigned total = 0;
+    for (int k = 0; k < P.n_ops; k++) {
+        int t0, nt;
+        sm_tiles(P.ops[k].rows, nsm, s, t0, nt);
+        total += (unsigned)(nt * P.ops[k].G);
+    }
+    return total;
+}
+
+// The producer warp: SM s's `total` cells into the ring, chunk by chunk, each slot refilled once
+// every consumer warp has released it; never waits for activations. Modes 3-4 (no copies) only
+// mark the chunks full.
+template <int NCH, bool BULK>
+__device__ void produce(const Params& P, unsigned char* smem, uint64_t* full, uint64_t* empty, unsigned total,
+                        int s, int nsm, int lane) {
+    const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
+    const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
+    for (unsigned c = 0; c < nch; c++) {
+        const unsigned slot = c % NCH;
+        if (c >= NCH) mbar_wait(&empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
+        const unsigned first = c * CH_CELLS;
+        const unsigned n16 = min((unsigned)CH_CELLS, total - first) * CELL_U4;
+        uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
+        const uint4* from = P.interleave ? P.stream + ((size_t)c * nsm + s) * CH_CELLS * CELL_U4
+                                         : src + (size_t)first * CELL_U4;
+        if (P.mode >= 3) {
+            if (BULK ? lane == 0 : true) mbar_arrive(&full[slot]);
+        } else if (BULK) {
+            if (lane == 0) bulk_copy(dst, from, n16 * 16, &full[slot]);
+#if PF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            const unsigned ahead = c + PF * NCH;
+            if (lane == 0 && ahead < nch && !P.interleave) {
+                const unsigned pf16 = min((unsigned)CH_CELLS, total - ahead * CH_CELLS) * CELL_U4;
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)ahead * CH_CELLS * CELL_U4),
+                             "r"(pf16 * 16)
+                             : "memory");
+            }
+#endif
+        } else {
+            for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
+            cp_async_arrive(&full[slot]);
+        }
+    }
+}
+
 // NCH ring chunks; BULK: the producer copies a chunk with one bulk copy (sm_90's TMA), else with
 // cp.async by its 32 lanes.
 template <int NCH, bool BULK>
@@ -359,54 +489,11 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES);  // [G][8 steps][8 lanes]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int s = blockIdx.x, nsm = gridDim.x;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < NCH; i++) {
-            mbar_init(&full[i], BULK ? 1 : 32);
-            mbar_init(&empty[i], NW);
-        }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-    }
+    if (threadIdx.x == 0) ring_init<NCH>(full, empty, BULK ? 1 : 32);
     __syncthreads();
-
-    // This SM's stream length.
-    unsigned total = 0;
-    for (int k = 0; k < P.n_ops; k++) {
-        int t0, nt;
-        sm_tiles(P.ops[k].rows, nsm, s, t0, nt);
-        total += (unsigned)(nt * P.ops[k].G);
-    }
-    const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
-
-    if (warp == NW) {  // producer
-        const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
-        for (unsigned c = 0; c < nch; c++) {
-            const unsigned slot = c % NCH;
-            if (c >= NCH) mbar_wait(&empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
-            const unsigned first = c * CH_CELLS;
-            const unsigned n16 = min((unsigned)CH_CELLS, total - first) * CELL_U4;
-            uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
-            const uint4* from = P.interleave ? P.stream + ((size_t)c * nsm + s) * CH_CELLS * CELL_U4
-                                             : src + (size_t)first * CELL_U4;
-            if (P.mode >= 3) {
-                if (BULK ? lane == 0 : true) mbar_arrive(&full[slot]);
-            } else if (BULK) {
-                if (lane == 0) bulk_copy(dst, from, n16 * 16, &full[slot]);
-#if PF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                const unsigned ahead = c + PF * NCH;
-                if (lane == 0 && ahead < nch && !P.interleave) {
-                    const unsigned pf16 = min((unsigned)CH_CELLS, total - ahead * CH_CELLS) * CELL_U4;
-                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)ahead * CH_CELLS * CELL_U4),
-                                 "r"(pf16 * 16)
-                                 : "memory");
-                }
-#endif
-            } else {
-                for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
-                cp_async_arrive(&full[slot]);
-            }
-        }
+    const unsigned total = sm_stream_cells(P, s, nsm);
+    if (warp == NW) {
+        produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane);
         return;
     }
 
@@ -431,15 +518,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         }
         // The input: wait for its producer, read it (L2, not L1: other SMs wrote it), normalize.
         if (P.mode == 0 && op.in_op >= 0) {
-            if (tid == 0) {
-                const unsigned target = P.epoch * (unsigned)nsm;
-                unsigned long long t0 = 0;
-                for (unsigned n = 1; (int)(ld_acquire(&P.done[op.in_op]) - target) < 0; n++)
-                    if ((n & 255) == 0 && watchdog(t0, 3, k, 0)) break;
-            }
+            if (tid == 0) wait_operation(P, op.in_op, nsm);
             consumers_sync();
         }
-        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = gtime();
+        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = global_ns();
 #if A8
         // Entries (group, step t, c): inputs 32 t + 4 c + 0..3 and + 16; a group is 16 entries
         // (half a warp).
@@ -449,54 +531,17 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #pragma unroll
         for (int j = 0; j < MAXJ / 2; j++) {
             const int e = tid + j * NW * 32;
-            if (e < E) {
-                const int grp = e >> 4, t = (e >> 2) & 3, c = e & 3;
-                const float* x = op.in + op.in_off + grp * 128 + t * 32 + 4 * c;
-                float4 lo = make_float4(1.f, 0.5f, -1.f, 0.25f), hi = lo;
-                if (P.mode != 4) {
-                    lo = __ldcg((const float4*)x);
-                    hi = __ldcg((const float4*)(x + 16));
-                }
-                va[j] = lo;
-                vb[j] = hi;
-                ss += lo.x * lo.x + lo.y * lo.y + lo.z * lo.z + lo.w * lo.w + hi.x * hi.x + hi.y * hi.y +
-                      hi.z * hi.z + hi.w * hi.w;
-            }
+            if (e < E) ss += a8_entry_load(P, op, e >> 4, (e >> 2) & 3, e & 3, va[j], vb[j]);
         }
-        float scale = 1.f;
-        if (op.norm) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) wsum[warp] = ss;
-            consumers_sync();
-            float t = 0.f;
-            for (int i = 0; i < NW; i++) t += wsum[i];
-            scale = rsqrtf(t / (float)op.K + 1e-6f);
-        }
+        const float scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
 #pragma unroll
         for (int j = 0; j < MAXJ / 2; j++) {
             const int e = tid + j * NW * 32;
-            if (e < E) {  // whole warps (E is a multiple of 32 or 16 with G even... see below)
+            if (e < E) {  // whole warps: E = 16 G and every E4B G is even
                 const int grp = e >> 4, t = (e >> 2) & 3, c = e & 3;
-                const float x[8] = {va[j].x * scale, va[j].y * scale, va[j].z * scale, va[j].w * scale,
-                                    vb[j].x * scale, vb[j].y * scale, vb[j].z * scale, vb[j].w * scale};
-                float m = 0.f;
-#pragma unroll
-                for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(x[i]));
-#pragma unroll
-                for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                const float inv = m > 0.f ? 127.f / m : 0.f;
-                int q[8], qs = 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    q[i] = max(-127, min(127, __float2int_rn(x[i] * inv)));
-                    qs += q[i];
-                }
-#pragma unroll
-                for (int o = 8; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
-                const uint32_t b0 = (q[0] & 255) | (q[1] & 255) << 8 | (q[2] & 255) << 16 | (uint32_t)(q[3] & 255) << 24;
-                const uint32_t b1 = (q[4] & 255) | (q[5] & 255) << 8 | (q[6] & 255) << 16 | (uint32_t)(q[7] & 255) << 24;
-                xf[(grp * 4 + t) * 4 + c] = make_uint2(b0, b1);
+                int qs;
+                float m;
+                xf[(grp * 4 + t) * 4 + c] = a8_entry_quantize(va[j], vb[j], scale, true, qs, m);
                 if ((e & 15) == 0) {
                     xs8[grp] = qs;
                     xsc[grp] = m / 127.f;
@@ -522,16 +567,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                 ss += lo.x * lo.x + lo.y * lo.y + hi.x * hi.x + hi.y * hi.y;
             }
         }
-        float scale = 1.f;
-        if (op.norm) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) wsum[warp] = ss;
-            consumers_sync();
-            float t = 0.f;
-            for (int i = 0; i < NW; i++) t += wsum[i];
-            scale = rsqrtf(t / (float)op.K + 1e-6f);
-        }
+        const float scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
 #pragma unroll
         for (int j = 0; j < MAXJ; j++) {
             const int e = tid + j * NW * 32;
@@ -595,32 +631,14 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             // Done with this pass's cells (or idle in it): let the ring move on before the barrier.
             R.release_to(pb + (unsigned)(q.np * G), lane);
             consumers_sync();
-            const int tile0 = t0 + p * NW;
-            if (op.glu) {
-                for (int i = tid; i < q.np * 8; i += NW * 32) {
-                    const int ti = i >> 3, j = i & 7;
-                    float gsum = 0.f, usum = 0.f;
-                    for (int sl = 0; sl < q.kw; sl++) {
-                        gsum += red[pc & 1][ti * q.kw + sl][2 * j];
-                        usum += red[pc & 1][ti * q.kw + sl][2 * j + 1];
-                    }
-                    op.out[(tile0 + ti) * 8 + j] = gelu_tanh(gsum) * usum;
-                }
-            } else {
-                for (int i = tid; i < q.np * 16; i += NW * 32) {
-                    const int ti = i >> 4, row = i & 15;
-                    float sum = 0.f;
-                    for (int sl = 0; sl < q.kw; sl++) sum += red[pc & 1][ti * q.kw + sl][row];
-                    op.out[(tile0 + ti) * 16 + row] = sum;
-                }
-            }
+            pass_epilogue(op, red[pc & 1], q.np, q.kw, t0 + p * NW, tid);
         }
         R.release_to(next_base, lane);
         __threadfence();
         consumers_sync();
         if (tid == 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
-            if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = gtime();
+            if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = global_ns();
         }
         base = next_base;
     }
@@ -673,36 +691,13 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
     // This warp's fragments: [slot][4 steps][4 lanes] uint2.
     uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES) + (size_t)(warp < NW ? warp : 0) * LEAN_SLOTS * 16;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < NCH; i++) {
-            mbar_init(&full[i], 1);
-            mbar_init(&empty[i], NW);
-        }
+        ring_init<NCH>(full, empty, 1);
         opcnt = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
     }
     __syncthreads();
-    unsigned total = 0;
-    for (int k = 0; k < P.n_ops; k++) {
-        int t0, nt;
-        sm_tiles(P.ops[k].rows, nsm, s, t0, nt);
-        total += (unsigned)(nt * P.ops[k].G);
-    }
-    const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
+    const unsigned total = sm_stream_cells(P, s, nsm);
     if (warp == NW) {  // producer, as in stream_step (bulk copies)
-        const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
-        for (unsigned c = 0; c < nch; c++) {
-            const unsigned slot = c % NCH;
-            if (c >= NCH) mbar_wait(&empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
-            const unsigned first = c * CH_CELLS;
-            const unsigned n16 = min((unsigned)CH_CELLS, total - first) * CELL_U4;
-            uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
-            if (lane == 0) {
-                if (P.mode >= 3) mbar_arrive(&full[slot]);
-                else bulk_copy(dst, src + (size_t)first * CELL_U4, n16 * 16, &full[slot]);
-            }
-        }
+        produce<NCH, true>(P, smem, full, empty, total, s, nsm, lane);
         return;
     }
 
@@ -723,15 +718,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
             // 32 t + 4 c + 0..3 and + 16 — and, for a norm over inputs this warp does not hold,
             // the whole vector's sum of squares.
             if (P.mode == 0 && op.in_op >= 0) {
-                if (lane == 0) {
-                    const unsigned target = P.epoch * (unsigned)nsm;
-                    unsigned long long t0w = 0;
-                    for (unsigned n = 1; (int)(ld_acquire(&P.done[op.in_op]) - target) < 0; n++)
-                        if ((n & 255) == 0 && watchdog(t0w, 3, k, 0)) break;
-                }
+                if (lane == 0) wait_operation(P, op.in_op, nsm);
                 __syncwarp();
             }
-            if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = gtime();
+            if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = global_ns();
             float4 va[LEAN_E], vb[LEAN_E];
 #pragma unroll
             for (int j = 0; j < LEAN_E; j++) va[j] = vb[j] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -741,17 +731,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
             for (int j = 0; j < LEAN_E; j++) {
                 const int e = lane + 32 * j;  // entry: slot e / 16, (t, c) = e % 16
                 if (e < ng * 16) {
-                    const int slot = e >> 4, grp = all ? slot : sl + slot * kw, t = (e >> 2) & 3, c = e & 3;
-                    const float* x = op.in + op.in_off + grp * 128 + t * 32 + 4 * c;
-                    float4 lo = make_float4(1.f, 0.5f, -1.f, 0.25f), hi = lo;
-                    if (P.mode != 4) {
-                        lo = __ldcg((const float4*)x);
-                        hi = __ldcg((const float4*)(x + 16));
-                    }
-                    va[j] = lo;
-                    vb[j] = hi;
-                    ss += lo.x * lo.x + lo.y * lo.y + lo.z * lo.z + lo.w * lo.w + hi.x * hi.x + hi.y * hi.y +
-                          hi.z * hi.z + hi.w * hi.w;
+                    const int slot = e >> 4, grp = all ? slot : sl + slot * kw;
+                    ss += a8_entry_load(P, op, grp, (e >> 2) & 3, e & 3, va[j], vb[j]);
                 }
             }
             float scale = 1.f;
@@ -771,31 +752,14 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
 #pragma unroll
             for (int j = 0; j < LEAN_E; j++) {
                 const int e = lane + 32 * j;
-                if (j * 32 < ng * 16) {  // whole warps: the shuffles below need every lane
+                if (j * 32 < ng * 16) {  // whole warps: the shuffles need every lane
                     const bool on = e < ng * 16;
                     const int slot = e >> 4, t = (e >> 2) & 3, c = e & 3;
-                    const float x[8] = {va[j].x * scale, va[j].y * scale, va[j].z * scale, va[j].w * scale,
-                                        vb[j].x * scale, vb[j].y * scale, vb[j].z * scale, vb[j].w * scale};
-                    float m = 0.f;
+                    int qs;
+                    float m;
+                    const uint2 b = a8_entry_quantize(va[j], vb[j], scale, on, qs, m);
                     if (on) {
-#pragma unroll
-                        for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(x[i]));
-                    }
-#pragma unroll
-                    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                    const float inv = m > 0.f ? 127.f / m : 0.f;
-                    int q[8], qs = 0;
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        q[i] = max(-127, min(127, __float2int_rn(x[i] * inv)));
-                        qs += q[i];
-                    }
-#pragma unroll
-                    for (int o = 8; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
-                    if (on) {
-                        const uint32_t b0 = (q[0] & 255) | (q[1] & 255) << 8 | (q[2] & 255) << 16 | (uint32_t)(q[3] & 255) << 24;
-                        const uint32_t b1 = (q[4] & 255) | (q[5] & 255) << 8 | (q[6] & 255) << 16 | (uint32_t)(q[7] & 255) << 24;
-                        xf[(slot * 4 + t) * 4 + c] = make_uint2(b0, b1);
+                        xf[(slot * 4 + t) * 4 + c] = b;
                         if ((e & 15) == 0) {
                             wxs8[warp][slot] = qs;
                             wxsc[warp][slot] = m / 127.f;
@@ -868,24 +832,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
                         red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
                     }
                     consumers_sync();
-                    if (op.glu) {
-                        for (int i = tid; i < q.np * 8; i += NW * 32) {
-                            const int tj = i >> 3, j = i & 7;
-                            float gsum = 0.f, usum = 0.f;
-                            for (int v = 0; v < q.kw; v++) {
-                                gsum += red[pc & 1][tj * q.kw + v][2 * j];
-                                usum += red[pc & 1][tj * q.kw + v][2 * j + 1];
-                            }
-                            op.out[(tile0 + tj) * 8 + j] = gelu_tanh(gsum) * usum;
-                        }
-                    } else {
-                        for (int i = tid; i < q.np * 16; i += NW * 32) {
-                            const int tj = i >> 4, row = i & 15;
-                            float sum = 0.f;
-                            for (int v = 0; v < q.kw; v++) sum += red[pc & 1][tj * q.kw + v][row];
-                            op.out[(tile0 + tj) * 16 + row] = sum;
-                        }
-                    }
+                    pass_epilogue(op, red[pc & 1], q.np, q.kw, tile0, tid);
                     pc++;
                 }
             }
@@ -900,7 +847,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
             asm volatile("atom.add.acq_rel.cta.shared::cta.u32 %0, [%1], 1;" : "=r"(old) : "r"(smem_u32(&opcnt)) : "memory");
             if (old + 1 == (unsigned)NW * (unsigned)(k + 1)) {
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
-                if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = gtime();
+                if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = global_ns();
             }
         }
         base = next_base;
@@ -1011,10 +958,10 @@ __global__ void gather_cells(uint4* dst, const uint4* const* srcs, const long lo
 
 // SM clock under load: cycles counted over 2 ms of the global timer, every SM busy.
 __global__ void clock_probe(unsigned long long* out) {
-    const unsigned long long t0 = gtime(), c0 = clock64();
+    const unsigned long long t0 = global_ns(), c0 = clock64();
     float x = threadIdx.x;
-    while (gtime() - t0 < 2000000ull) x = x * 0.999f + 1.f;
-    const unsigned long long c1 = clock64(), t1 = gtime();
+    while (global_ns() - t0 < 2000000ull) x = x * 0.999f + 1.f;
+    const unsigned long long c1 = clock64(), t1 = global_ns();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         out[0] = c1 - c0;
         out[1] = t1 - t0;
