@@ -65,7 +65,10 @@ run() {
     BUILDS="A8=1 A8=1,PF=1 A8=1,NW=12" PROTO_MODES=024 \
       timeout 300 scripts/proto-stream.sh --iters 10 --chunks 11 > "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
-    grep -E "^###|^chunk|^== |full chain|stream only|check|lm_head|gate_up|WATCHDOG|^rc=" "$out/proto.log" | tee -a "$out/session.log"
+    # The chain's own cost per operation (every operation one 16 x 128 tile per SM).
+    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 11 --tiny >> "$out/proto.log" 2>&1
+    echo "rc=$?" >> "$out/proto.log"
+    grep -E "^###|^tiny|^chunk|^== |full chain|stream only|cells only|check|lm_head|gate_up|WATCHDOG|^rc=" "$out/proto.log" | tee -a "$out/session.log"
   fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"

@@ -4,7 +4,9 @@
 # (default "NW=8"; e.g. BUILDS="NW=8 NW=8,OFFSET=1 NW=16": consumer warps, offset-binary nibbles).
 # Prints each configuration's step time in five modes (full chain, no input waits, stream only,
 # compute only, cells only; PROTO_MODES=024 picks some), the check against the plain GEMV chain
-# and a per-operation breakdown. docs/performance.md records what it measured.
+# and a per-operation breakdown; `--tiny` shrinks every operation to one 16 x 128 tile per SM (the
+# chain's own cost per operation), `--chunks N` keeps the N-chunk rings only, PROTO_LEAN=only the
+# lean variant only. docs/performance.md records what it measured.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 nvcc="${NVCC:-nvcc}"

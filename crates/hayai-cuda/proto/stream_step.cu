@@ -982,8 +982,10 @@ int main(int argc, char** argv) {
     int iters = 20;
     int n_ch_req = 0;
     int layers = 42;
+    bool tiny = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--tiny")) tiny = true;
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) n_ch_req = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
     }
@@ -1037,6 +1039,18 @@ int main(int argc, char** argv) {
         h_op = q + 5;
     }
     ops.push_back({262144, H, 1, 0, h_op, 0, 262144, "lm_head"});
+    if (tiny) {
+        // The chain alone: every operation one 16 x 128 tile per SM (norms, GeGLU and the
+        // dependencies as they are), so a step's time over the operation count is what one link
+        // of the chain costs with (almost) no bytes.
+        for (HostOp& o : ops) {
+            o.rows = 16 * P;
+            o.K = 128;
+            o.in_off = 0;
+            o.out_n = o.glu ? o.rows / 2 : o.rows;
+        }
+        printf("tiny: every operation 16 x 128 per SM (the chain's own cost)\n");
+    }
     const int n_ops = (int)ops.size();
 
     // Canonical weights per operation, outputs.
@@ -1272,8 +1286,8 @@ int main(int argc, char** argv) {
         float ms;
         cudaEventElapsedTime(&ms, a, b);
         const double per = ms / iters;
-        printf("%-15s: %.3f ms/step (%.0f steps/s), %.0f GB/s\n", names[mode], per, 1e3 / per,
-               bytes / (per * 1e-3) / 1e9);
+        printf("%-15s: %.3f ms/step (%.0f steps/s), %.0f GB/s, %.2f us per operation\n", names[mode], per,
+               1e3 / per, bytes / (per * 1e-3) / 1e9, per * 1e3 / n_ops);
         if (mode == 0) {
             // Check against the reference chain.
             double worst = 0;
