@@ -62,7 +62,7 @@ run() {
     # What the last session wrote and could not run: the streamed-step prototype's stream-rate
     # variants (chunk size, L2 bulk prefetch ahead), W4A8 cells, TMA ring.
     stage "streamed-step prototype: the lean variant, stream rate"
-    BUILDS="A8=1 A8=1,PF=1 A8=1,NW=12" PROTO_MODES=024 \
+    BUILDS="A8=1 A8=1,PF=1 A8=1,CH_CELLS=8 A8=1,CH_CELLS=4 A8=1,NW=12" PROTO_MODES=024 \
       timeout 300 scripts/proto-stream.sh --iters 10 --chunks 11 > "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
     # The chain's own cost per operation (every operation one 16 x 128 tile per SM).
