@@ -679,7 +679,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
     __shared__ float red[2][NW][16];
     __shared__ int wxs8[NW][LEAN_SLOTS];
     __shared__ float wxsc[NW][LEAN_SLOTS];
-    __shared__ unsigned opcnt;
+    // Per-operation arrival counts, a ring of 16: a warp can pass an operation this SM has no
+    // tiles in without waiting, but not the next one with tiles (its input is the operation
+    // before, published only when every warp here has arrived), so warps are never 16 apart.
+    __shared__ unsigned opcnt[16];
     Ring<NCH> R;
     R.cells = (const uint4*)smem;
     R.full = full;
@@ -692,7 +695,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
     uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES) + (size_t)(warp < NW ? warp : 0) * LEAN_SLOTS * 16;
     if (threadIdx.x == 0) {
         ring_init<NCH>(full, empty, 1);
-        opcnt = 0;
+        for (int i = 0; i < 16; i++) opcnt[i] = 0;
     }
     __syncthreads();
     const unsigned total = sm_stream_cells(P, s, nsm);
@@ -839,13 +842,18 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
         }
         R.release_to(next_base, lane);
         // The SM's last warp to get here publishes the operation (its shared-memory atomic
-        // acquires the others' releases; its gpu-scope release covers them).
+        // acquires the others' releases; its gpu-scope release covers them) and clears the
+        // operation's counter for the one 16 later.
         __threadfence();
         __syncwarp();
         if (lane == 0) {
             unsigned old;
-            asm volatile("atom.add.acq_rel.cta.shared::cta.u32 %0, [%1], 1;" : "=r"(old) : "r"(smem_u32(&opcnt)) : "memory");
-            if (old + 1 == (unsigned)NW * (unsigned)(k + 1)) {
+            asm volatile("atom.add.acq_rel.cta.shared::cta.u32 %0, [%1], 1;"
+                         : "=r"(old)
+                         : "r"(smem_u32(&opcnt[k & 15]))
+                         : "memory");
+            if (old == NW - 1) {
+                atomicExch(&opcnt[k & 15], 0u);
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
                 if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = global_ns();
             }
