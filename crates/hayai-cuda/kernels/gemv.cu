@@ -29,14 +29,6 @@ struct GemvParams {
 };
 static_assert(sizeof(GemvParams) == 184, "GemvParams is mirrored by the host (runner/launch.rs)");
 
-// int8 activations for int4 weights (`gemv_a8`): x quantized per 128-column group, scale
-// t = max|x| / 127, q = round(x * (127 / max|x|)) — the CPU reference's
-// MatmulInputs::Int8 { group: 128 } — and multiplied with DP4A: integer sums, exact, then one
-// float multiply by (weight scale * t) per group and lane. Shared memory after x (cols floats):
-// the quantized x as 32-bit words in the order the weight nibbles need them, per group
-// [lane l][word u][A, B] (A pairs with the low nibbles of weight word u, B with the high ones),
-// then per group and lane the sum of its 32 quantized values (for the +8 nibble offset), then
-// per group t.
 // A group's int8 quantization (MatmulInputs::Int8 { group: 128 }) for a warp that holds it, this
 // lane's 4 columns in `v`: q = round(x * 127 / max|x|), clamped to [-127, 127]. Returns max|x|.
 __device__ __forceinline__ float act8_quantize4(const float4 v, int q[4]) {
@@ -48,6 +40,14 @@ __device__ __forceinline__ float act8_quantize4(const float4 v, int q[4]) {
     return m;
 }
 
+// int8 activations for int4 weights (`gemv_a8`): x quantized per 128-column group, scale
+// t = max|x| / 127, q = round(x * (127 / max|x|)) — the CPU reference's
+// MatmulInputs::Int8 { group: 128 } — and multiplied with DP4A: integer sums, exact, then one
+// float multiply by (weight scale * t) per group and lane. Shared memory after x (cols floats):
+// the quantized x as 32-bit words in the order the weight nibbles need them, per group
+// [lane l][word u][A, B] (A pairs with the low nibbles of weight word u, B with the high ones),
+// then per group and lane the sum of its 32 quantized values (for the +8 nibble offset), then
+// per group t.
 // Groups [g0, g1) only: the ones this block multiplies.
 __device__ void gemv_act8_quantize(const float* xs, int cols, int g0, int g1) {
     uint8_t* x8 = (uint8_t*)(xs + cols);

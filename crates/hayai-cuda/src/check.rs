@@ -289,14 +289,7 @@ pub fn prefill_parity(
     let mut first = 0u32;
     gpu.forward(prompt, Rows::Last, &mut |_, l| first = argmax(l))?;
     let n = prompt.len();
-    // The decode step's GEMVs: f32 inputs, int8 ones (W4A8), or a bf16 pair on tensor cores.
-    twin.set_matmul_inputs(if opts.uses_int8_activations() {
-        MatmulInputs::Int8 { group: 128 }
-    } else if opts.uses_tensor_cores() {
-        MatmulInputs::Bf16Pair
-    } else {
-        MatmulInputs::F32
-    });
+    twin.set_matmul_inputs(decode_matmul_inputs(opts));
     let mut cfirst = 0u32;
     twin.truncate(n.saturating_sub(1));
     twin.forward(&prompt[n.saturating_sub(1)..], Rows::Last, &mut |_, l| {
@@ -317,6 +310,19 @@ pub fn prefill_parity(
         chunking_invariant,
         split,
     })
+}
+
+/// How the CPU twin rounds its matrix inputs to compute what the decode GEMVs of `opts` compute:
+/// int8 activations (one scale per 128 columns; integer sums on either int8 path, so no
+/// tensor-core accumulation error), x as a bf16 pair (tensor cores), or f32.
+fn decode_matmul_inputs(opts: &CudaOptions) -> MatmulInputs {
+    if opts.uses_int8_activations() {
+        MatmulInputs::Int8 { group: 128 }
+    } else if opts.uses_tensor_cores() {
+        MatmulInputs::Bf16Pair
+    } else {
+        MatmulInputs::F32
+    }
 }
 
 /// Feed `prompt` to both backends comparing every logit row, then run `steps` greedy steps on
@@ -342,14 +348,7 @@ pub fn parity(
     let mut cpu = CpuRunner::new(reference.clone())?;
     let int8 = opts.uses_int8_activations();
     let tc = opts.uses_tensor_cores();
-    if int8 {
-        // The GPU multiplies int8 activations (one scale per 128 columns; integer sums on
-        // either path, so no tensor-core accumulation error): so does its reference.
-        cpu.set_matmul_inputs(MatmulInputs::Int8 { group: 128 });
-    } else if tc {
-        // The tensor-core GEMV multiplies x as a bf16 pair: so does its reference.
-        cpu.set_matmul_inputs(MatmulInputs::Bf16Pair);
-    }
+    cpu.set_matmul_inputs(decode_matmul_inputs(opts));
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;
     let first = argmax(c.last().map(|v| &v[..]).unwrap_or(&[]));
