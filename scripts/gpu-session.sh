@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: the streamed-step prototype's lean variant and stream-rate variants
-#         (scripts/proto-stream.sh, nvcc there; ~2 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         pending: the streamed-step prototype at its defaults (scripts/proto-stream.sh) and the
+#         per-SM stream-rate benchmark (proto/stream_rate.cu); nvcc there, ~1 min; pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -59,16 +59,14 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has pending; then
-    # What the last session wrote and could not run: the streamed-step prototype's stream-rate
-    # variants (chunk size, L2 bulk prefetch ahead), W4A8 cells, TMA ring.
-    stage "streamed-step prototype: the lean variant, stream rate"
-    BUILDS="A8=1 A8=1,PF=1 A8=1,CH_CELLS=8 A8=1,CH_CELLS=4 A8=1,NW=12" PROTO_MODES=024 \
-      timeout 300 scripts/proto-stream.sh --iters 10 --chunks 11 > "$out/proto.log" 2>&1
+    # The streamed-step prototype at its measured best (docs/performance.md, eighth session).
+    stage "streamed-step prototype and the per-SM stream rate"
+    (cd crates/hayai-cuda/proto && nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/stream_rate stream_rate.cu && timeout 60 /tmp/stream_rate) > "$out/stream_rate.log" 2>&1
+    BUILDS="A8=1 A8=1,NW=8" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 > "$out/proto.log" 2>&1
+    PROTO_BALANCE=0 BUILDS="A8=1" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
-    # The chain's own cost per operation (every operation one 16 x 128 tile per SM).
-    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 11 --tiny >> "$out/proto.log" 2>&1
-    echo "rc=$?" >> "$out/proto.log"
-    grep -E "^###|^tiny|^chunk|^== |full chain|stream only|cells only|check|lm_head|gate_up|WATCHDOG|^rc=" "$out/proto.log" | tee -a "$out/session.log"
+    cat "$out/stream_rate.log" | tee -a "$out/session.log"
+    grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
   fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"

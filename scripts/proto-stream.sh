@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Builds and runs the streamed-step prototype (crates/hayai-cuda/proto/stream_step.cu) on the GPU
 # machine: `scripts/proto-stream.sh [ARGS...]` (nvcc there, or NVCC=...), once per build in BUILDS
-# (default "NW=8"; e.g. BUILDS="NW=8 NW=8,OFFSET=1 NW=16": consumer warps, offset-binary nibbles).
-# Prints each configuration's step time in five modes (full chain, no input waits, stream only,
-# compute only, cells only; PROTO_MODES=024 picks some), the check against the plain GEMV chain
+# (default "A8=1"; e.g. BUILDS="A8=1 NW=8 NW=8,OFFSET=1 A8=1,NP=2": W4A8, consumer warps, offset-binary
+# nibbles, producer warps).
+# Prints each configuration's step time in six modes (full chain, no input waits, stream only,
+# compute only, cells only, producer only; PROTO_MODES=0245 picks some), the check against the plain GEMV chain
 # and a per-operation breakdown; `--tiny` shrinks every operation to one 16 x 128 tile per SM (the
-# chain's own cost per operation), `--chunks N` keeps the N-chunk rings only, PROTO_LEAN=only the
-# lean variant only. docs/performance.md records what it measured.
+# chain's own cost per operation), `--chunks N` keeps the N-chunk rings only, PROTO_COPY=bulk|
+# cp.async|both the producers' copy engine (default bulk where there is TMA), PROTO_BALANCE=0
+# keeps tiles whole (by default they are split along K so every SM streams about the same bytes
+# per operation).
+# docs/performance.md records what it measured.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 nvcc="${NVCC:-nvcc}"
 arch="${ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)}"
-builds=(${BUILDS:-NW=8})
+builds=(${BUILDS:-A8=1})
 for b in "${builds[@]}"; do
   defs=(); IFS=, read -ra kv <<< "$b"; for d in "${kv[@]}"; do defs+=("-D$d"); done
   "$nvcc" -O3 -std=c++17 -arch="sm_${arch:-90}" "${defs[@]}" -o "${TMPDIR:-/tmp}/stream_step_${b//[=,]/_}" \

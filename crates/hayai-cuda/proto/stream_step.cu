@@ -12,18 +12,21 @@
 //
 // Design:
 // * Weights in 1,056-byte cells (16 rows x 128 columns of int4 = 1,024 bytes in the order the
-//   mma fragments want them, then the 16 rows' bf16 group scales). Every operation's tiles
-//   (16 rows, all K) are split into contiguous ranges, one per SM; at load the cells are copied
-//   into one contiguous stream per SM, in exactly the order that SM consumes them.
-// * One producer warp per SM copies its stream into a shared-memory ring of chunks (cp.async,
-//   mbarrier full/empty per chunk), never waiting for activations: the next operations' weights
-//   land while the consumers wait for their input.
-// * 8 consumer warps: per operation they wait for the producer operation's counter (acquire),
-//   read and normalize the input, build the bf16 hi/lo B fragments in shared memory, and
-//   multiply cells as they land (m16n8k16, x as columns 0 and 1). An SM's tiles are taken in
-//   passes of up to 8; with fewer tiles than warps, kw = 8 / tiles warps share a tile along K
-//   and add their sums in shared memory (fixed order: deterministic). Whole rows leave the SM,
-//   so the next operation reads exactly its input vector.
+//   mma fragments want them, then the 16 rows' bf16 group scales). Every operation's units (a
+//   16-row tile's K range of G / S groups, S per operation chosen so every SM streams about
+//   the same bytes; PROTO_BALANCE=0: whole tiles) are split into contiguous ranges, one per
+//   SM; at load the cells are copied into one contiguous stream per SM, 128-byte aligned, in
+//   exactly the order that SM consumes them.
+// * NP producer warps per SM copy its stream into a shared-memory ring of chunks (TMA bulk
+//   copies on sm_90, cp.async elsewhere; mbarrier full/empty per chunk), never waiting for
+//   activations: the next operations' weights land while the consumers wait for their input.
+// * NW consumer warps: per operation they wait for the producer operation's counter (acquire),
+//   read and normalize the input, build the B fragments in shared memory (bf16 hi/lo pair, or
+//   with A8 int8 per 128-column group for the integer tensor cores), and multiply cells as they
+//   land. An SM's units are taken in passes of up to NW; with fewer units than warps, kw = NW /
+//   units warps share a unit along K and add their sums in shared memory (fixed order:
+//   deterministic). A unit's rows leave the SM whole (or as one of S partial vectors the next
+//   operation adds in order), published by one release after a block barrier.
 #include <cuda_runtime.h>
 // The engine's device helpers (mma_bf16, mma_u8s8, cp_async16, gelu_tanh, global_ns, ...).
 #include "../kernels/common.cuh"
@@ -46,9 +49,12 @@
     } while (0)
 
 #ifndef NW
-#define NW 8                       // consumer warps
+#define NW 12                      // consumer warps
 #endif
-#define THREADS ((NW + 1) * 32)    // + one producer warp
+#ifndef NP
+#define NP 1                       // producer warps (chunk c is producer c % NP's)
+#endif
+#define THREADS ((NW + NP) * 32)   // + the producer warps
 #define CELL_BYTES 1056
 #define CELL_U4 (CELL_BYTES / 16)  // 66
 #ifndef CH_CELLS
@@ -67,7 +73,10 @@ struct Op {
     const float* in;  // input vector
     float* out;       // output vector
     int in_op;        // operation whose counter guards `in` (-1: external)
-    int pad;
+    int S;            // K splits, slice-major: unit u is K slice u / T (groups of G / S) of tile u % T (T =
+                      // rows / 16); output S partial vectors
+    int in_parts;     // partial vectors of the input (its producer's S), added in order
+    int in_stride;    // floats between them
 };
 
 struct Params {
@@ -79,8 +88,8 @@ struct Params {
     unsigned* done;                   // per-operation counters (monotonic over launches)
     unsigned epoch;                   // launch number, from 1
     int mode;  // 0 full chain, 1 no waits for inputs, 2 stream only, 3 compute only (no copies:
-               // the ring's stale contents), 4 = 3 without reading the inputs
-    unsigned long long* stamps;       // [n_ops][2] the last SM (it has a tile of every operation): input ready, operation done (null: off)
+               // the ring's stale contents), 4 = 3 without reading the inputs, 5 the producer alone
+    unsigned long long* stamps;       // [n_ops][4] the last SM (it has a tile of every operation): input ready, inputs built, cells done, operation published (null: off)
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -118,15 +127,24 @@ __device__ __noinline__ bool watchdog(unsigned long long& t0, int what, int info
     return false;
 }
 // sm_90: try_wait suspends the warp in hardware until the phase completes (or a time slice
-// passes), so waiting warps do not take issue slots from the working ones; below sm_90 a
-// test_wait with a short sleep.
+// passes), so waiting warps do not take issue slots from the working ones; HINT=1 asks for a
+// long time slice (1 ms). Below sm_90 a test_wait with a short sleep.
+#ifndef HINT
+#define HINT 1
+#endif
 __device__ __forceinline__ bool mbar_test(uint64_t* b, unsigned parity) {
     unsigned ok;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && HINT
     asm volatile(
         "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
         : "=r"(ok)
         : "r"(smem_u32(b)), "r"(parity), "r"(1000000u)
+        : "memory");
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(ok)
+        : "r"(smem_u32(b)), "r"(parity)
         : "memory");
 #else
     asm volatile(
@@ -157,6 +175,12 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 }
 #ifndef OFFSET
 #define OFFSET 0
+#endif
+#ifndef FENCE
+#define FENCE 0
+#endif
+#ifndef HI16
+#define HI16 1
 #endif
 // Nibbles at bits 0-3 and 16-19 as bf16x2 of (nibble - 8), exact (see gemv_mma.cu). With OFFSET
 // the subtraction is left out: the pair is bf16 (136 + q), exact, and the cell's sum is corrected
@@ -205,14 +229,25 @@ __device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xg, int 
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
     for (int t = 0; t < 4; t++) {
+#if HI16
+        // Rows g + 8 (high nibbles) left in place as 16 q (<= 240, still a u8): one LOP3 per
+        // register instead of a shift and a LOP3; their sums come out 16x, exactly.
+        const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, ws[2 * t] & 0xF0F0F0F0u, ws[2 * t + 1] & 0x0F0F0F0Fu,
+                               ws[2 * t + 1] & 0xF0F0F0F0u};
+#else
         const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, (ws[2 * t] >> 4) & 0x0F0F0F0Fu,
                                ws[2 * t + 1] & 0x0F0F0F0Fu, (ws[2 * t + 1] >> 4) & 0x0F0F0F0Fu};
+#endif
         uint2 bv = make_uint2(0u, 0u);
         if (lane < 4) bv = xg[t * 4 + lane];
         const uint32_t b[2] = {bv.x, bv.y};
         mma_u8s8(d[t & 1], a, b);
     }
+#if HI16
+    const float fa = (float)(d[0][0] + d[1][0] - 8 * xs8), fb = (float)(((d[0][2] + d[1][2]) >> 4) - 8 * xs8);
+#else
     const float fa = (float)(d[0][0] + d[1][0] - 8 * xs8), fb = (float)(d[0][2] + d[1][2] - 8 * xs8);
+#endif
     acc_a = fmaf(fa * xsc, sa, acc_a);
     acc_b = fmaf(fb * xsc, sb, acc_b);
 }
@@ -325,11 +360,23 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void wait_operation(const Params& P, int k, int nsm) {
     const unsigned target = P.epoch * (unsigned)nsm;
     unsigned long long t0 = 0;
-    // A short sleep between polls: the lean variant polls from every warp (8 per SM on one line).
+    // A short sleep between polls.
     for (unsigned n = 1; (int)(ld_acquire(&P.done[k]) - target) < 0; n++) {
         if ((n & 255) == 0 && watchdog(t0, 3, k, 0)) break;
         __nanosleep(20);
     }
+}
+
+// The input groups an SM needs: all of them for a normalized input (the norm is over the whole
+// vector), else those of its units' K ranges [s G, (s + 1) G) for the units' slices s (G groups per
+// unit), as one range.
+__device__ __forceinline__ void input_groups(const Op& op, int t0, int nt, int G, int& g0, int& g1) {
+    g0 = 0;
+    g1 = op.G;
+    if (op.norm || op.S == 1) return;
+    const int T = op.rows / 16;  // slice-major units: an SM's few units share one or two slices
+    g0 = t0 / T * G;
+    g1 = ((t0 + nt - 1) / T + 1) * G;
 }
 
 // The RMS norm's scale 1 / sqrt(mean x^2 + eps) from every consumer thread's partial sum of
@@ -353,6 +400,14 @@ __device__ __forceinline__ float a8_entry_load(const Params& P, const Op& op, in
     if (P.mode != 4) {
         lo = __ldcg((const float4*)x);
         hi = __ldcg((const float4*)(x + 16));
+#pragma unroll
+        for (int j = 1; j < 4; j++)
+            if (j < op.in_parts) {  // the producer's partial vectors, added in order
+                const float4 a = __ldcg((const float4*)(x + j * op.in_stride)),
+                             b = __ldcg((const float4*)(x + j * op.in_stride + 16));
+                lo = make_float4(lo.x + a.x, lo.y + a.y, lo.z + a.z, lo.w + a.w);
+                hi = make_float4(hi.x + b.x, hi.y + b.y, hi.z + b.z, hi.w + b.w);
+            }
     }
     return lo.x * lo.x + lo.y * lo.y + lo.z * lo.z + lo.w * lo.w + hi.x * hi.x + hi.y * hi.y + hi.z * hi.z +
            hi.w * hi.w;
@@ -385,8 +440,9 @@ __device__ __forceinline__ uint2 a8_entry_quantize(float4 lo, float4 hi, float s
                       (q[4] & 255) | (q[5] & 255) << 8 | (q[6] & 255) << 16 | (uint32_t)(q[7] & 255) << 24);
 }
 
-// After a pass's barrier: the np tiles' rows (GeGLU'd when `glu`) from the kw slice sums each
-// warp left in red[warp][16], added in slice order, written to out from tile `tile0` on.
+// After a pass's barrier: the np units' rows (GeGLU'd when `glu`, whose S is 1) from the kw
+// slice sums each warp left in red[warp][16], added in slice order, written to out from unit
+// `tile0` on (unit u: rows of tile u % T in partial vector u / T).
 __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int kw, int tile0, int tid) {
     if (op.glu) {
         for (int i = tid; i < np * 8; i += NW * 32) {
@@ -400,10 +456,10 @@ __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int 
         }
     } else {
         for (int i = tid; i < np * 16; i += NW * 32) {
-            const int ti = i >> 4, row = i & 15;
+            const int ti = i >> 4, row = i & 15, u = tile0 + ti;
             float sum = 0.f;
             for (int sl = 0; sl < kw; sl++) sum += red[ti * kw + sl][row];
-            op.out[(tile0 + ti) * 16 + row] = sum;
+            op.out[u / (op.rows / 16) * op.rows + u % (op.rows / 16) * 16 + row] = sum;  // partial vector u / T
         }
     }
 }
@@ -426,8 +482,8 @@ __device__ unsigned sm_stream_cells(const Params& P, int s, int nsm) {
     unsigned total = 0;
     for (int k = 0; k < P.n_ops; k++) {
         int t0, nt;
-        sm_tiles(P.ops[k].rows, nsm, s, t0, nt);
-        total += (unsigned)(nt * P.ops[k].G);
+        sm_tiles(P.ops[k].rows * P.ops[k].S, nsm, s, t0, nt);
+        total += (unsigned)(nt * (P.ops[k].G / P.ops[k].S));
     }
     return total;
 }
@@ -437,18 +493,19 @@ __device__ unsigned sm_stream_cells(const Params& P, int s, int nsm) {
 // mark the chunks full.
 template <int NCH, bool BULK>
 __device__ void produce(const Params& P, unsigned char* smem, uint64_t* full, uint64_t* empty, unsigned total,
-                        int s, int nsm, int lane) {
+                        int s, int nsm, int lane, int pw) {
     const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
     const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
-    for (unsigned c = 0; c < nch; c++) {
+    for (unsigned c = pw; c < nch; c += NP) {
         const unsigned slot = c % NCH;
-        if (c >= NCH) mbar_wait(&empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
+        // Mode 5 (the producer alone): a slot is reused once its previous copy has landed.
+        if (c >= NCH) mbar_wait(P.mode == 5 ? &full[slot] : &empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
         const unsigned first = c * CH_CELLS;
         const unsigned n16 = min((unsigned)CH_CELLS, total - first) * CELL_U4;
         uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
         const uint4* from = P.interleave ? P.stream + ((size_t)c * nsm + s) * CH_CELLS * CELL_U4
                                          : src + (size_t)first * CELL_U4;
-        if (P.mode >= 3) {
+        if (P.mode == 3 || P.mode == 4) {
             if (BULK ? lane == 0 : true) mbar_arrive(&full[slot]);
         } else if (BULK) {
             if (lane == 0) bulk_copy(dst, from, n16 * 16, &full[slot]);
@@ -495,19 +552,20 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     if (threadIdx.x == 0) ring_init<NCH>(full, empty, BULK ? 1 : 32);
     __syncthreads();
     const unsigned total = sm_stream_cells(P, s, nsm);
-    if (warp == NW) {
-        produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane);
+    if (warp >= NW) {
+        produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane, warp - NW);
         return;
     }
 
+    if (P.mode == 5) return;
     const int tid = threadIdx.x;  // 0 .. NW * 32 - 1
     unsigned base = 0;            // stream position of the operation's first cell
     int pc = 0;                   // passes so far (red[] parity)
     for (int k = 0; k < P.n_ops; k++) {
         const Op op = P.ops[k];
-        int t0, nt;
-        sm_tiles(op.rows, nsm, s, t0, nt);
-        const int G = op.G;
+        int t0, nt;  // this SM's units
+        sm_tiles(op.rows * op.S, nsm, s, t0, nt);
+        const int G = op.G / op.S;  // groups per unit
         const unsigned next_base = base + (unsigned)(nt * G);
         if (P.mode == 2) {  // stream only: consume nothing, release as the cells land
             R.release_to(next_base, lane);
@@ -524,40 +582,50 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             if (tid == 0) wait_operation(P, op.in_op, nsm);
             consumers_sync();
         }
-        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = global_ns();
+        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k] = global_ns();
 #if A8
         // Entries (group, step t, c): inputs 32 t + 4 c + 0..3 and + 16; a group is 16 entries
         // (half a warp).
-        const int E = G * 16;
-        float4 va[MAXJ / 2], vb[MAXJ / 2];
+        // Entries [e0, e1): every group, or (no norm, so no statistic over the whole input)
+        // only the groups of this SM's units' K ranges.
+        int g0, g1;
+        input_groups(op, t0, nt, G, g0, g1);
+        const int e0 = g0 * 16, e1 = g1 * 16;
+        float4 va[MAXJ / 2] = {}, vb[MAXJ / 2] = {};
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < MAXJ / 2; j++) {
-            const int e = tid + j * NW * 32;
-            if (e < E) ss += a8_entry_load(P, op, e >> 4, (e >> 2) & 3, e & 3, va[j], vb[j]);
+            const int e = e0 + tid + j * NW * 32;
+            if (e < e1) ss += a8_entry_load(P, op, e >> 4, (e >> 2) & 3, e & 3, va[j], vb[j]);
         }
         const float scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
 #pragma unroll
         for (int j = 0; j < MAXJ / 2; j++) {
-            const int e = tid + j * NW * 32;
-            if (e < E) {  // whole warps: E = 16 G and every E4B G is even
+            const int e = e0 + tid + j * NW * 32;
+            // Whole warps quantize (half-warp shuffles); lanes past e1 take part without an entry.
+            if (e0 + (tid & ~31) + j * NW * 32 < e1) {
                 const int grp = e >> 4, t = (e >> 2) & 3, c = e & 3;
                 int qs;
                 float m;
-                xf[(grp * 4 + t) * 4 + c] = a8_entry_quantize(va[j], vb[j], scale, true, qs, m);
-                if ((e & 15) == 0) {
-                    xs8[grp] = qs;
-                    xsc[grp] = m / 127.f;
+                const uint2 q = a8_entry_quantize(va[j], vb[j], scale, e < e1, qs, m);
+                if (e < e1) {
+                    xf[(grp * 4 + t) * 4 + c] = q;
+                    if ((e & 15) == 0) {
+                        xs8[grp] = qs;
+                        xsc[grp] = m / 127.f;
+                    }
                 }
             }
         }
 #else
-        const int E = G * 32;  // (group, step, c) entries, 4 inputs each
+        int g0, g1;
+        input_groups(op, t0, nt, G, g0, g1);
+        const int e0 = g0 * 32, E = g1 * 32;  // (group, step, c) entries, 4 inputs each
         float4 v[MAXJ];
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < MAXJ; j++) {
-            const int e = tid + j * NW * 32;
+            const int e = e0 + tid + j * NW * 32;
             if (e < E) {
                 const int grp = e >> 5, st = (e >> 2) & 7, c = e & 3;
                 const float* x = op.in + op.in_off + grp * 128 + st * 16 + 2 * c;
@@ -565,6 +633,14 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                 if (P.mode != 4) {
                     lo = __ldcg((const float2*)x);
                     hi = __ldcg((const float2*)(x + 8));
+#pragma unroll
+                    for (int jp = 1; jp < 4; jp++)
+                        if (jp < op.in_parts) {
+                            const float2 a = __ldcg((const float2*)(x + jp * op.in_stride)),
+                                         b = __ldcg((const float2*)(x + jp * op.in_stride + 8));
+                            lo = make_float2(lo.x + a.x, lo.y + a.y);
+                            hi = make_float2(hi.x + b.x, hi.y + b.y);
+                        }
                 }
                 v[j] = make_float4(lo.x, lo.y, hi.x, hi.y);
                 ss += lo.x * lo.x + lo.y * lo.y + hi.x * hi.x + hi.y * hi.y;
@@ -573,7 +649,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         const float scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
 #pragma unroll
         for (int j = 0; j < MAXJ; j++) {
-            const int e = tid + j * NW * 32;
+            const int e = e0 + tid + j * NW * 32;
             if (e < E) {
                 const int grp = e >> 5, st = (e >> 2) & 7, c = e & 3;
                 const float4 x = make_float4(v[j].x * scale, v[j].y * scale, v[j].z * scale, v[j].w * scale);
@@ -597,6 +673,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         }
 #endif
         consumers_sync();
+        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k + 1] = global_ns();
 
         for (int p = 0; p * NW < nt; p++, pc++) {
             const Pass q = pass_of(nt, p, G);
@@ -604,6 +681,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             float acc_a = 0.f, acc_b = 0.f;
             if (warp < q.np * q.kw) {
                 const int ti = warp / q.kw, sl = warp % q.kw;
+                const int gofs = (t0 + p * NW + ti) / (op.rows / 16) * G;  // the unit's first group
                 int r = 0;
                 // Two cells at a time (rounds r and r + 1, round r full) for independent work.
                 for (; r + 1 < q.rounds; r += 2) {
@@ -614,8 +692,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                     const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
                     R.release_to(p0, lane);
                     R.land(p1 / CH_CELLS);
-                    CELL(p0, g0);
-                    CELL(p1, g1);
+                    CELL(p0, gofs + g0);
+                    CELL(p1, gofs + g1);
                 }
                 for (; r < q.rounds; r++) {
                     const int grp = r * q.kw + sl;
@@ -624,7 +702,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                     const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
                     R.release_to(pos, lane);
                     R.land(pos / CH_CELLS);
-                    CELL(pos, grp);
+                    CELL(pos, gofs + grp);
                 }
                 if ((lane & 3) == 0) {
                     red[pc & 1][warp][lane >> 2] = acc_a;
@@ -637,229 +715,16 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             pass_epilogue(op, red[pc & 1], q.np, q.kw, t0 + p * NW, tid);
         }
         R.release_to(next_base, lane);
+        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k + 2] = global_ns();
+#if FENCE
         __threadfence();
+#endif
+        // The barrier orders every consumer's output writes before thread 0's release (the
+        // release is cumulative), as CUTLASS's semaphores do; FENCE=1 adds a fence per thread.
         consumers_sync();
         if (tid == 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
-            if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = global_ns();
-        }
-        base = next_base;
-    }
-    R.release_to((total + CH_CELLS - 1) / CH_CELLS * CH_CELLS, lane);
-}
-
-// ---- the lean variant (W4A8, bulk copies): fewer block-wide steps per operation ----
-//
-// What stream_step measured (docs/performance.md): ~2.5 µs per operation even with no bytes, and
-// consumers that take one cell at a time. Here every warp works on its own until it has results:
-// it polls the producing operation's counter itself, reads the input and (for a norm) its sum
-// of squares itself, and builds the int8 fragments of only the groups it multiplies in its own
-// shared-memory slots; it keeps up to 4 cells in flight. Passes with one warp per tile write
-// their rows directly; passes whose tiles are shared by kw > 1 warps still add the slices'
-// sums after one block barrier. The operation's counter is bumped by the SM's last warp to
-// finish (a shared counter with acquire-release), so no warp waits for the others at the end.
-#define LEAN_SLOTS 20  // groups one warp multiplies in one operation (E4B: at most 20)
-#define LEAN_E 10      // fragment entries per lane: LEAN_SLOTS * 16 / 32
-
-// Groups this warp multiplies in an operation of nt tiles (0 when it has none): all G when the
-// SM's tiles come in several passes (kw = 1 in all but maybe the last), else those of its slice.
-__host__ __device__ inline int lean_groups(int nt, int G, int warp, int& sl, int& kw) {
-    sl = 0;
-    kw = 1;
-    if (nt <= 0) return 0;
-    if (nt > NW) return G;
-    const Pass q = pass_of(nt, 0, G);
-    if (warp >= q.np * q.kw) return 0;
-    kw = q.kw;
-    sl = warp % q.kw;
-    return sl < G ? (G - sl + kw - 1) / kw : 0;
-}
-
-template <int NCH>
-__global__ void __launch_bounds__(THREADS, 1) stream_step_lean(const Params P) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ uint64_t full[NCH], empty[NCH];
-    __shared__ float red[2][NW][16];
-    __shared__ int wxs8[NW][LEAN_SLOTS];
-    __shared__ float wxsc[NW][LEAN_SLOTS];
-    // Per-operation arrival counts, a ring of 16: a warp can pass an operation this SM has no
-    // tiles in without waiting, but not the next one with tiles (its input is the operation
-    // before, published only when every warp here has arrived), so warps are never 16 apart.
-    __shared__ unsigned opcnt[16];
-    Ring<NCH> R;
-    R.cells = (const uint4*)smem;
-    R.full = full;
-    R.empty = empty;
-    R.have = 0;
-    R.rel = 0;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int s = blockIdx.x, nsm = gridDim.x;
-    // This warp's fragments: [slot][4 steps][4 lanes] uint2.
-    uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES) + (size_t)(warp < NW ? warp : 0) * LEAN_SLOTS * 16;
-    if (threadIdx.x == 0) {
-        ring_init<NCH>(full, empty, 1);
-        for (int i = 0; i < 16; i++) opcnt[i] = 0;
-    }
-    __syncthreads();
-    const unsigned total = sm_stream_cells(P, s, nsm);
-    if (warp == NW) {  // producer, as in stream_step (bulk copies)
-        produce<NCH, true>(P, smem, full, empty, total, s, nsm, lane);
-        return;
-    }
-
-    const int tid = threadIdx.x;
-    unsigned base = 0;
-    int pc = 0;  // passes with a block barrier so far (red[] parity: consecutive ones alternate)
-    for (int k = 0; k < P.n_ops; k++) {
-        const Op op = P.ops[k];
-        int t0, nt;
-        sm_tiles(op.rows, nsm, s, t0, nt);
-        const int G = op.G;
-        const unsigned next_base = base + (unsigned)(nt * G);
-        int sl, kw;
-        const int ng = lean_groups(nt, G, warp, sl, kw);
-        if (nt > 0) {
-            // The input, by this warp alone: wait for its producer (lane 0 polls, the warp
-            // follows), then one batch of loads: the needed groups' entries (t, c) — inputs
-            // 32 t + 4 c + 0..3 and + 16 — and, for a norm over inputs this warp does not hold,
-            // the whole vector's sum of squares.
-            if (P.mode == 0 && op.in_op >= 0) {
-                if (lane == 0) wait_operation(P, op.in_op, nsm);
-                __syncwarp();
-            }
-            if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[2 * k] = global_ns();
-            float4 va[LEAN_E], vb[LEAN_E];
-#pragma unroll
-            for (int j = 0; j < LEAN_E; j++) va[j] = vb[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-            float ss = 0.f;
-            const bool all = ng == G;
-#pragma unroll
-            for (int j = 0; j < LEAN_E; j++) {
-                const int e = lane + 32 * j;  // entry: slot e / 16, (t, c) = e % 16
-                if (e < ng * 16) {
-                    const int slot = e >> 4, grp = all ? slot : sl + slot * kw;
-                    ss += a8_entry_load(P, op, grp, (e >> 2) & 3, e & 3, va[j], vb[j]);
-                }
-            }
-            float scale = 1.f;
-            if (op.norm && ng > 0) {
-                if (!all) {
-                    ss = 0.f;
-                    for (int i = lane; i < op.K / 4; i += 32) {
-                        float4 v = make_float4(1.f, 0.5f, -1.f, 0.25f);
-                        if (P.mode != 4) v = __ldcg((const float4*)(op.in + op.in_off) + i);
-                        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                    }
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-                scale = rsqrtf(ss / (float)op.K + 1e-6f);
-            }
-#pragma unroll
-            for (int j = 0; j < LEAN_E; j++) {
-                const int e = lane + 32 * j;
-                if (j * 32 < ng * 16) {  // whole warps: the shuffles need every lane
-                    const bool on = e < ng * 16;
-                    const int slot = e >> 4, t = (e >> 2) & 3, c = e & 3;
-                    int qs;
-                    float m;
-                    const uint2 b = a8_entry_quantize(va[j], vb[j], scale, on, qs, m);
-                    if (on) {
-                        xf[(slot * 4 + t) * 4 + c] = b;
-                        if ((e & 15) == 0) {
-                            wxs8[warp][slot] = qs;
-                            wxsc[warp][slot] = m / 127.f;
-                        }
-                    }
-                }
-            }
-            __syncwarp();
-
-            for (int p = 0; p * NW < nt; p++) {
-                const Pass q = pass_of(nt, p, G);
-                const unsigned pb = base + (unsigned)(p * NW * G);
-                float acc_a = 0.f, acc_b = 0.f;
-                const int ti = warp / q.kw, psl = warp % q.kw;
-                if (warp < q.np * q.kw) {
-                    // Up to 4 cells in flight: their chunks waited for first, then the products.
-                    for (int r = 0; r < q.rounds; r += 4) {
-                        unsigned pos[4];
-                        int grp[4], n = 0;
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const int rr = r + i, g = rr * q.kw + psl;
-                            pos[i] = 0;
-                            grp[i] = 0;
-                            if (rr < q.rounds && g < G) {
-                                const int cnt = min(q.kw, G - rr * q.kw);
-                                pos[i] = pb + (unsigned)(rr * q.np * q.kw + ti * cnt + psl);
-                                grp[i] = g;
-                                n = i + 1;
-                            }
-                        }
-                        if (n == 0) break;
-                        R.release_to(pos[0], lane);
-                        R.land(pos[n - 1] / CH_CELLS);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            if (i < n) {
-                                // Slot of the group: all groups in order, or this slice's r-th.
-                                const int slot = ng == G ? grp[i] : r + i;
-                                cell_imma(R.cell(pos[i]), xf + slot * 16, wxs8[warp][slot], wxsc[warp][slot],
-                                          lane, acc_a, acc_b);
-                            }
-                        }
-                    }
-                }
-                R.release_to(pb + (unsigned)(q.np * G), lane);
-                const int tile0 = t0 + p * NW;
-                if (q.kw == 1) {
-                    // Whole rows in this warp: lanes c = 0 hold rows g and g + 8 of tile ti.
-                    if (warp < q.np) {
-                        const int g = lane >> 2;
-                        if (op.glu) {
-                            // (gate, up) = rows (2j, 2j + 1): lanes 4 (2j) and 4 (2j + 1).
-                            const float up_a = __shfl_down_sync(0xffffffffu, acc_a, 4);
-                            const float up_b = __shfl_down_sync(0xffffffffu, acc_b, 4);
-                            if ((lane & 3) == 0 && (g & 1) == 0) {
-                                op.out[(tile0 + ti) * 8 + (g >> 1)] = gelu_tanh(acc_a) * up_a;
-                                op.out[(tile0 + ti) * 8 + 4 + (g >> 1)] = gelu_tanh(acc_b) * up_b;
-                            }
-                        } else if ((lane & 3) == 0) {
-                            op.out[(tile0 + ti) * 16 + g] = acc_a;
-                            op.out[(tile0 + ti) * 16 + g + 8] = acc_b;
-                        }
-                    }
-                } else {
-                    // Tiles shared by kw warps: their sums meet after one barrier (every warp
-                    // of the SM takes the same passes, so all arrive).
-                    if (warp < q.np * q.kw && (lane & 3) == 0) {
-                        red[pc & 1][warp][lane >> 2] = acc_a;
-                        red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
-                    }
-                    consumers_sync();
-                    pass_epilogue(op, red[pc & 1], q.np, q.kw, tile0, tid);
-                    pc++;
-                }
-            }
-        }
-        R.release_to(next_base, lane);
-        // The SM's last warp to get here publishes the operation (its shared-memory atomic
-        // acquires the others' releases; its gpu-scope release covers them) and clears the
-        // operation's counter for the one 16 later.
-        __threadfence();
-        __syncwarp();
-        if (lane == 0) {
-            unsigned old;
-            asm volatile("atom.add.acq_rel.cta.shared::cta.u32 %0, [%1], 1;"
-                         : "=r"(old)
-                         : "r"(smem_u32(&opcnt[k & 15]))
-                         : "memory");
-            if (old == NW - 1) {
-                atomicExch(&opcnt[k & 15], 0u);
-                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
-                if (P.stamps && s == nsm - 1) P.stamps[2 * k + 1] = global_ns();
-            }
+            if (P.stamps && s == nsm - 1) P.stamps[4 * k + 3] = global_ns();
         }
         base = next_base;
     }
@@ -1025,12 +890,12 @@ int main(int argc, char** argv) {
     };
     const int P = prop.multiProcessorCount;
     printf("chunk: %d cells, L2 prefetch %d ring lengths ahead\n", CH_CELLS, PF);
-    printf("consumer warps: %d, %s\n", NW, A8 ? "W4A8 (int8 inputs, integer tensor cores)" : OFFSET ? "bf16 pair inputs, offset nibbles" : "bf16 pair inputs");
+    printf("consumer warps: %d, producer warps: %d, %s\n", NW, NP, A8 ? "W4A8 (int8 inputs, integer tensor cores)" : OFFSET ? "bf16 pair inputs, offset nibbles" : "bf16 pair inputs");
     printf("device: %s, %d SMs, sm_%d%d, %zu KB shared per block (opt-in)\n", prop.name, P, prop.major,
            prop.minor, prop.sharedMemPerBlockOptin / 1024);
 
     // The operation list (E4B shapes).
-    struct HostOp { int rows, K, norm, glu, in_op, in_off, out_n; std::string name; };
+    struct HostOp { int rows, K, norm, glu, in_op, in_off, out_n; std::string name; int S = 1; };
     std::vector<HostOp> ops;
     const int H = 2560, FF = 10240, PLE = 256;
     ops.push_back({42 * PLE, H, 1, 0, -1, 0, 42 * PLE, "ple_model"});
@@ -1063,6 +928,23 @@ int main(int argc, char** argv) {
         printf("tiny: every operation 16 x 128 per SM (the chain's own cost)\n");
     }
     const int n_ops = (int)ops.size();
+    // K splits (default; PROTO_BALANCE=0: whole tiles): whole 16-row tiles give some SMs one tile
+    // more than others (the down projection's 160 tiles: 28 SMs carry 2, the rest 1), and every
+    // operation waits for its slowest SM. Units of a tile's K range, S per tile, even the shares
+    // out; S is the smallest of 1-4 within 2% of the best share (GeGLU rows need whole K: S = 1).
+    // Units are slice-major, so an SM's few units of an operation without a norm share one or two
+    // K slices and it builds only those slices' input fragments.
+    const bool balanced = !(getenv("PROTO_BALANCE") && !strcmp(getenv("PROTO_BALANCE"), "0"));
+    if (balanced)
+        for (HostOp& o : ops) {
+            const int T = o.rows / 16, G = o.K / 128;
+            long long best = -1;
+            for (int S = 1; S <= 4; S++) {
+                if (G % S || (o.glu && S > 1)) continue;
+                const long long m = ((long long)T * S + P - 1) / P * (G / S);
+                if (best < 0 || m * 102 < best * 100) best = m, o.S = S;
+            }
+        }
 
     // Canonical weights per operation, outputs.
     std::vector<uint8_t*> wts(n_ops);
@@ -1073,7 +955,7 @@ int main(int argc, char** argv) {
         cells_total += nc;
         CK(cudaMalloc(&wts[k], nc * CELL_BYTES));
         make_cells<<<(unsigned)((nc * (CELL_BYTES / 4) + 255) / 256), 256>>>(wts[k], nc, ops[k].K, 1234u + k);
-        CK(cudaMalloc(&outs[k], ops[k].out_n * sizeof(float)));
+        CK(cudaMalloc(&outs[k], (size_t)ops[k].S * ops[k].out_n * sizeof(float)));  // S partial vectors
         CK(cudaMalloc(&ref_outs[k], ops[k].out_n * sizeof(float)));
         if (ops[k].glu) CK(cudaMalloc(&raw[k], ops[k].rows * sizeof(float)));
     }
@@ -1094,36 +976,42 @@ int main(int argc, char** argv) {
     for (int s = 0; s < P; s++) {
         sm_base[s] = (long long)map.size();
         for (int k = 0; k < n_ops; k++) {
-            const int G = ops[k].K / 128;
+            const int S = ops[k].S, G = ops[k].K / 128, Gu = G / S;
             int t0, nt;
-            sm_tiles(ops[k].rows, P, s, t0, nt);
+            sm_tiles(ops[k].rows * S, P, s, t0, nt);
             for (int p = 0; p * NW < nt; p++) {
-                const Pass q = pass_of(nt, p, G);
+                const Pass q = pass_of(nt, p, Gu);
                 for (int r = 0; r < q.rounds; r++)
                     for (int ti = 0; ti < q.np; ti++)
                         for (int sl = 0; sl < q.kw; sl++) {
                             const int grp = r * q.kw + sl;
-                            if (grp >= G) continue;
-                            const long long t = t0 + p * NW + ti;
-                            map.push_back(((long long)k << 40) | (t * G + grp));
+                            if (grp >= Gu) continue;
+                            const long long u = t0 + p * NW + ti, T = ops[k].rows / 16, t = u % T;
+                            map.push_back(((long long)k << 40) | (t * G + u / T * Gu + grp));
                         }
             }
         }
+        // Every SM's stream starts 128-byte aligned (8 cells = 66 lines): bulk copies from 32- or
+        // 64-byte aligned sources stream at ~3.6 TB/s against 4.5 (proto/stream_rate.cu).
+        while (map.size() % 8) map.push_back(-1);
     }
     sm_base[P] = (long long)map.size();
-    if ((long long)map.size() != cells_total) { fprintf(stderr, "schedule lost cells\n"); return 1; }
+    long long scheduled = 0;
+    for (long long m : map) scheduled += m >= 0;
+    if (scheduled != cells_total) { fprintf(stderr, "schedule lost cells\n"); return 1; }
+    const long long stream_cells = (long long)map.size();
     uint4* stream;
     long long* dmap;
     const uint4** dsrcs;
     long long* dbase;
-    CK(cudaMalloc(&stream, cells_total * CELL_BYTES));
-    CK(cudaMalloc(&dmap, cells_total * sizeof(long long)));
+    CK(cudaMalloc(&stream, stream_cells * CELL_BYTES));
+    CK(cudaMalloc(&dmap, stream_cells * sizeof(long long)));
     CK(cudaMalloc(&dsrcs, n_ops * sizeof(uint4*)));
     CK(cudaMalloc(&dbase, (P + 1) * sizeof(long long)));
-    CK(cudaMemcpy(dmap, map.data(), cells_total * sizeof(long long), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dmap, map.data(), stream_cells * sizeof(long long), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dsrcs, wts.data(), n_ops * sizeof(uint4*), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dbase, sm_base.data(), (P + 1) * sizeof(long long), cudaMemcpyHostToDevice));
-    gather_cells<<<(unsigned)((cells_total * CELL_U4 + 255) / 256), 256>>>(stream, dsrcs, dmap, cells_total);
+    gather_cells<<<(unsigned)((stream_cells * CELL_U4 + 255) / 256), 256>>>(stream, dsrcs, dmap, stream_cells);
     CK(cudaDeviceSynchronize());
     // The same streams interleaved by chunk across SMs (padded to the longest), so the SMs read
     // neighbouring addresses at about the same time.
@@ -1160,6 +1048,9 @@ int main(int argc, char** argv) {
         o.in_op = ops[k].in_op;
         o.in = ops[k].in_op < 0 ? x0 : outs[ops[k].in_op];
         o.out = outs[k];
+        o.S = ops[k].S;
+        o.in_parts = ops[k].in_op < 0 ? 1 : ops[ops[k].in_op].S;
+        o.in_stride = ops[k].in_op < 0 ? 0 : ops[ops[k].in_op].out_n;
         if (o.G > maxG) maxG = o.G;
         if (o.G * 32 > MAXJ * NW * 32) { fprintf(stderr, "K too large\n"); return 1; }
     }
@@ -1169,7 +1060,7 @@ int main(int argc, char** argv) {
     unsigned* done;
     CK(cudaMalloc(&done, n_ops * sizeof(unsigned)));
     unsigned long long* stamps;
-    CK(cudaMalloc(&stamps, 2 * n_ops * sizeof(unsigned long long)));
+    CK(cudaMalloc(&stamps, 4 * n_ops * sizeof(unsigned long long)));
 
     const size_t xf_bytes = (size_t)maxG * 64 * sizeof(uint2);
     const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4;
@@ -1179,6 +1070,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < n_ops; k++) {
         Op o = hops[k];
         o.in = ops[k].in_op < 0 ? x0 : ref_outs[ops[k].in_op];
+        o.in_parts = 1;
         o.out = ops[k].glu ? raw[k] : ref_outs[k];
         ref_gemv<<<(o.rows + 7) / 8, 256>>>(wts[k], o);
         if (ops[k].glu) glu_kernel<<<(ops[k].out_n + 255) / 256, 256>>>(raw[k], ref_outs[k], ops[k].out_n);
@@ -1211,34 +1103,19 @@ int main(int argc, char** argv) {
 
     // Configurations: ring depth (chunks) x copy engine.
     typedef void (*Kern)(const Params);
-    struct Cfg { int nch; bool bulk; bool il; Kern k; bool lean; };
+    struct Cfg { int nch; bool bulk; bool il; Kern k; };
     std::vector<Cfg> cfgs;
-    const Cfg all[] = {{11, true, false, stream_step<11, true>, false}, {6, true, false, stream_step<6, true>, false},
-                       {3, true, false, stream_step<3, true>, false},
-#if A8
-                       {11, true, false, stream_step_lean<11>, true}, {6, true, false, stream_step_lean<6>, true},
-#endif
-    };
-    const size_t lean_xf = (size_t)NW * LEAN_SLOTS * 16 * sizeof(uint2);
-    const int fit_lean = (int)((avail - lean_xf) / (CH_CELLS * CELL_BYTES));
-    const bool lean_only = getenv("PROTO_LEAN") && !strcmp(getenv("PROTO_LEAN"), "only");
+    const Cfg all[] = {{11, true, false, stream_step<11, true>}, {8, true, false, stream_step<8, true>},
+                       {6, true, false, stream_step<6, true>},
+                       {3, true, false, stream_step<3, true>}, {11, false, false, stream_step<11, false>}};
+    const bool copy_bulk = !getenv("PROTO_COPY") || !strcmp(getenv("PROTO_COPY"), "bulk") || !strcmp(getenv("PROTO_COPY"), "both");
+    const bool copy_async = getenv("PROTO_COPY") && (!strcmp(getenv("PROTO_COPY"), "cp.async") || !strcmp(getenv("PROTO_COPY"), "both"));
     for (const Cfg& c : all) {
-        if (c.nch > (c.lean ? fit_lean : fit) || (c.bulk && !hopper)) continue;
+        if (c.nch > fit || (c.bulk && !hopper)) continue;
         if (n_ch_req > 0 && c.nch != n_ch_req) continue;
-        if (lean_only && !c.lean) continue;
+        if (c.bulk ? !copy_bulk : !copy_async) continue;
         cfgs.push_back(c);
     }
-    // The lean variant's per-warp fragment slots must hold every warp's groups.
-    for (int k = 0; k < n_ops; k++)
-        for (int sm = 0; sm < P; sm++) {
-            int t0, nt, sl, kw;
-            sm_tiles(ops[k].rows, P, sm, t0, nt);
-            for (int w = 0; w < NW; w++)
-                if (lean_groups(nt, ops[k].K / 128, w, sl, kw) > LEAN_SLOTS) {
-                    fprintf(stderr, "operation %d: more than %d groups per warp\n", k, LEAN_SLOTS);
-                    return 1;
-                }
-        }
     if (cfgs.empty()) { fprintf(stderr, "no configuration fits (%d chunks)\n", fit); return 1; }
     bool all_pass = true;
     {
@@ -1253,21 +1130,21 @@ int main(int argc, char** argv) {
     if (getenv("PROTO_MODES")) {
         mode_mask = 0;
         for (const char* c = getenv("PROTO_MODES"); *c; c++)
-            if (*c >= '0' && *c <= '4') mode_mask |= 1 << (*c - '0');
+            if (*c >= '0' && *c <= '5') mode_mask |= 1 << (*c - '0');
     }
-    const char* names[5] = {"full chain", "no input waits", "stream only", "compute only", "cells only"};
+    const char* names[6] = {"full chain", "no input waits", "stream only", "compute only", "cells only", "producer only"};
     for (const Cfg& cfg : cfgs) {
-    const size_t smem = (size_t)cfg.nch * CH_CELLS * CELL_BYTES + (cfg.lean ? lean_xf : xf_bytes);
+    const size_t smem = (size_t)cfg.nch * CH_CELLS * CELL_BYTES + xf_bytes;
     CK(cudaFuncSetAttribute(cfg.k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     printf("== %sring %d chunks x %d cells = %zu KB (+ B fragments %zu KB), %s, %s\n",
-           cfg.lean ? "LEAN (per-warp inputs, 4 cells in flight), " : "", cfg.nch, CH_CELLS,
-           (size_t)cfg.nch * CH_CELLS * CELL_BYTES / 1024, (cfg.lean ? lean_xf : xf_bytes) / 1024,
-           cfg.bulk ? "bulk copies (TMA)" : "cp.async by one warp",
+           balanced ? "K-split units, " : "", cfg.nch, CH_CELLS,
+           (size_t)cfg.nch * CH_CELLS * CELL_BYTES / 1024, xf_bytes / 1024,
+           cfg.bulk ? "bulk copies (TMA)" : "cp.async by the producer warps",
            cfg.il ? "streams interleaved by chunk" : "one contiguous stream per SM");
-    for (int mode = 0; mode < 5; mode++) {
+    for (int mode = 0; mode < 6; mode++) {
         if (!(mode_mask >> mode & 1)) continue;
         CK(cudaMemset(done, 0, n_ops * sizeof(unsigned)));
-        CK(cudaMemset(stamps, 0, 2 * n_ops * sizeof(unsigned long long)));
+        CK(cudaMemset(stamps, 0, 4 * n_ops * sizeof(unsigned long long)));
         Params prm;
         prm.ops = dops;
         prm.n_ops = n_ops;
@@ -1304,8 +1181,12 @@ int main(int argc, char** argv) {
             double worst = 0;
             int worst_k = 0;
             for (int k = 0; k < n_ops; k++) {
-                std::vector<float> g(ops[k].out_n), r(ops[k].out_n);
-                CK(cudaMemcpy(g.data(), outs[k], g.size() * 4, cudaMemcpyDeviceToHost));
+                std::vector<float> g(ops[k].out_n), r(ops[k].out_n), part(ops[k].out_n);
+                for (int j = 0; j < ops[k].S; j++) {  // the partial vectors, added in the consumers' order
+                    CK(cudaMemcpy(part.data(), outs[k] + (size_t)j * ops[k].out_n, part.size() * 4,
+                                  cudaMemcpyDeviceToHost));
+                    for (size_t i = 0; i < g.size(); i++) g[i] = j ? g[i] + part[i] : part[i];
+                }
                 CK(cudaMemcpy(r.data(), ref_outs[k], r.size() * 4, cudaMemcpyDeviceToHost));
                 double num = 0, den = 0;
                 for (size_t i = 0; i < g.size(); i++) {
@@ -1321,26 +1202,35 @@ int main(int argc, char** argv) {
             all_pass = all_pass && pass;
             printf("check: worst rel L2 against the reference chain %.2e (operation %d, %s): %s\n", worst,
                    worst_k, ops[worst_k].name.c_str(), pass ? "PASS" : "FAIL");
+        }
+        if (mode != 2 && mode != 5) {
             // One step with stamps: per-operation time on the last SM by kind.
             prm.stamps = stamps;
             prm.epoch = ++epoch;
             cfg.k<<<P, THREADS, smem>>>(prm);
             sync();
-            std::vector<unsigned long long> st(2 * n_ops);
+            std::vector<unsigned long long> st(4 * n_ops);
             CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
             const char* kinds[] = {"qkv", "o", "gate_up", "down", "ple_gate", "ple_proj", "lm_head"};
             printf("last SM, one step: per operation, µs from the previous operation's end (input wait "
-                   "+ prologue + compute) / of which after the input was ready\n");
+                   "+ prologue + compute) / of which after the input was ready: inputs built, cells, publish\n");
             for (const char* kn : kinds) {
-                double tot = 0, aft = 0;
+                double tot = 0, aft = 0, pro = 0, cel = 0, pub = 0;
                 int n = 0;
                 for (int k = 1; k < n_ops; k++) {
                     if (ops[k].name != kn) continue;
-                    tot += (double)(st[2 * k + 1] - st[2 * (k - 1) + 1]) / 1e3;
-                    aft += (double)(st[2 * k + 1] - st[2 * k]) / 1e3;
+                    tot += (double)(st[4 * k + 3] - st[4 * (k - 1) + 3]) / 1e3;
+                    aft += (double)(st[4 * k + 3] - st[4 * k]) / 1e3;
+                    if (st[4 * k + 1] && st[4 * k + 2]) {
+                        pro += (double)(st[4 * k + 1] - st[4 * k]) / 1e3;
+                        cel += (double)(st[4 * k + 2] - st[4 * k + 1]) / 1e3;
+                        pub += (double)(st[4 * k + 3] - st[4 * k + 2]) / 1e3;
+                    }
                     n++;
                 }
-                if (n) printf("  %-9s x%-3d %7.2f / %7.2f\n", kn, n, tot / n, aft / n);
+                if (n)
+                    printf("  %-9s x%-3d %7.2f / %7.2f: %6.2f %6.2f %6.2f\n", kn, n, tot / n, aft / n, pro / n,
+                           cel / n, pub / n);
             }
         }
     }
