@@ -221,7 +221,9 @@ __device__ __forceinline__ CellLane cell_lane(const uint4* cp, int lane) {
 //
 // One cell (W4A8): lane (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8
 // (high nibble) at columns 32 t + 4 c + i and 32 t + 16 + 4 c + i.
-__device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xg, int xs8, float xsc, int lane,
+// xb: this lane's B fragment entries (group base + lane for lanes 0-3, the only ones with a
+// column-0 value), or 16 zero entries for the other lanes: one unpredicated load per step.
+__device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xb, int xs8, float xsc, int lane,
                                           float& acc_a, float& acc_b) {
     const CellLane L = cell_lane(cp, lane);
     const uint32_t* ws = L.ws;
@@ -238,8 +240,7 @@ __device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xg, int 
         const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, (ws[2 * t] >> 4) & 0x0F0F0F0Fu,
                                ws[2 * t + 1] & 0x0F0F0F0Fu, (ws[2 * t + 1] >> 4) & 0x0F0F0F0Fu};
 #endif
-        uint2 bv = make_uint2(0u, 0u);
-        if (lane < 4) bv = xg[t * 4 + lane];
+        const uint2 bv = xb[t * 4];
         const uint32_t b[2] = {bv.x, bv.y};
         mma_u8s8(d[t & 1], a, b);
     }
@@ -252,7 +253,8 @@ __device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xg, int 
     acc_b = fmaf(fb * xsc, sb, acc_b);
 }
 #if A8
-#define CELL(pos, grp) cell_imma(R.cell(pos), xf + (grp) * 16, xs8[grp], xsc[grp], lane, acc_a, acc_b)
+#define CELL(pos, grp) \
+    cell_imma(R.cell(pos), lane < 4 ? xf + (grp) * 16 + lane : xzero, xs8[grp], xsc[grp], lane, acc_a, acc_b)
 #elif OFFSET
 #define CELL(pos, grp) cell_mma(R.cell(pos), xf + (grp) * 64, xsum[grp], lane, acc_a, acc_b)
 #else
@@ -448,17 +450,21 @@ __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int 
         for (int i = tid; i < np * 8; i += NW * 32) {
             const int ti = i >> 3, j = i & 7;
             float gsum = 0.f, usum = 0.f;
-            for (int sl = 0; sl < kw; sl++) {
-                gsum += red[ti * kw + sl][2 * j];
-                usum += red[ti * kw + sl][2 * j + 1];
-            }
+#pragma unroll
+            for (int sl = 0; sl < NW; sl++)  // unrolled: the loads issue together
+                if (sl < kw) {
+                    gsum += red[ti * kw + sl][2 * j];
+                    usum += red[ti * kw + sl][2 * j + 1];
+                }
             op.out[(tile0 + ti) * 8 + j] = gelu_tanh(gsum) * usum;
         }
     } else {
         for (int i = tid; i < np * 16; i += NW * 32) {
             const int ti = i >> 4, row = i & 15, u = tile0 + ti;
             float sum = 0.f;
-            for (int sl = 0; sl < kw; sl++) sum += red[ti * kw + sl][row];
+#pragma unroll
+            for (int sl = 0; sl < NW; sl++)
+                if (sl < kw) sum += red[ti * kw + sl][row];
             op.out[u / (op.rows / 16) * op.rows + u % (op.rows / 16) * 16 + row] = sum;  // partial vector u / T
         }
     }
@@ -539,6 +545,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #if A8
     __shared__ int xs8[96];     // per group: integer input sum
     __shared__ float xsc[96];   // per group: input scale
+    __shared__ uint2 xzero[16];  // B entries of the lanes without a column-0 value
+    if (threadIdx.x < 16) xzero[threadIdx.x] = make_uint2(0u, 0u);
 #endif
     Ring<NCH> R;
     R.cells = (const uint4*)smem;
