@@ -62,8 +62,9 @@ run() {
     # The streamed-step prototype at its measured best (docs/performance.md, eighth session).
     stage "streamed-step prototype and the per-SM stream rate"
     (cd crates/hayai-cuda/proto && nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/stream_rate stream_rate.cu && timeout 60 /tmp/stream_rate) > "$out/stream_rate.log" 2>&1
-    BUILDS="A8=1 A8=1,NW=8" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 > "$out/proto.log" 2>&1
-    PROTO_BALANCE=0 BUILDS="A8=1" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 >> "$out/proto.log" 2>&1
+    # STEPPED=1: written after the eighth session's last run (pointers stepped in the cell loop).
+    BUILDS="A8=1 A8=1,STEPPED=1 A8=1 A8=1,STEPPED=1" PROTO_MODES=04 timeout 200 scripts/proto-stream.sh --iters 20 --chunks 8 > "$out/proto.log" 2>&1
+    BUILDS="A8=1,NW=8" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
     cat "$out/stream_rate.log" | tee -a "$out/session.log"
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"

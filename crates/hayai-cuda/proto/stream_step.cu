@@ -182,6 +182,12 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 #ifndef HI16
 #define HI16 1
 #endif
+// STEPPED=1 (W4A8): the cell loop's pointers stepped per pair of rounds instead of recomputed per
+// cell (107 SASS instructions per two cells against 125); written after the eighth session's
+// last GPU run, not yet measured.
+#ifndef STEPPED
+#define STEPPED 0
+#endif
 // Nibbles at bits 0-3 and 16-19 as bf16x2 of (nibble - 8), exact (see gemv_mma.cu). With OFFSET
 // the subtraction is left out: the pair is bf16 (136 + q), exact, and the cell's sum is corrected
 // by 136 times the group's input sum, computed once per operation.
@@ -315,7 +321,12 @@ struct Ring {
         }
     }
     __device__ __forceinline__ const uint4* cell(unsigned pos) const {
+#if STEPPED
+        constexpr unsigned n = NCH * CH_CELLS;  // the ring's cells; a mask when a power of 2
+        return cells + ((n & (n - 1)) == 0 ? pos & (n - 1) : (pos / CH_CELLS) % NCH * CH_CELLS + pos % CH_CELLS) * CELL_U4;
+#else
         return cells + ((pos / CH_CELLS) % NCH * CH_CELLS + pos % CH_CELLS) * CELL_U4;
+#endif
     }
 };
 
@@ -691,6 +702,27 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                 const int ti = warp / q.kw, sl = warp % q.kw;
                 const int gofs = (t0 + p * NW + ti) / (op.rows / 16) * G;  // the unit's first group
                 int r = 0;
+#if A8 && STEPPED
+                // Full rounds two at a time (independent mma chains), the cell, fragment and
+                // per-group pointers stepped rather than recomputed per cell.
+                const int full = G / q.kw;
+                const unsigned stride = (unsigned)(q.np * q.kw);
+                unsigned pp = pb + (unsigned)(ti * q.kw + sl);
+                const int xstep = lane < 4 ? 16 * q.kw : 0;
+                const uint2* xb = lane < 4 ? xf + (gofs + sl) * 16 + lane : xzero;
+                const int* s8p = xs8 + gofs + sl;
+                const float* scp = xsc + gofs + sl;
+                for (; r + 1 < full; r += 2) {
+                    R.release_to(pp, lane);
+                    R.land((pp + stride) / CH_CELLS);
+                    cell_imma(R.cell(pp), xb, s8p[0], scp[0], lane, acc_a, acc_b);
+                    cell_imma(R.cell(pp + stride), xb + xstep, s8p[q.kw], scp[q.kw], lane, acc_a, acc_b);
+                    pp += 2 * stride;
+                    xb += 2 * xstep;
+                    s8p += 2 * q.kw;
+                    scp += 2 * q.kw;
+                }
+#else
                 // Two cells at a time (rounds r and r + 1, round r full) for independent work.
                 for (; r + 1 < q.rounds; r += 2) {
                     const int g0 = r * q.kw + sl, g1 = g0 + q.kw;
@@ -703,6 +735,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                     CELL(p0, gofs + g0);
                     CELL(p1, gofs + g1);
                 }
+#endif
                 for (; r < q.rounds; r++) {
                     const int grp = r * q.kw + sl;
                     if (grp >= G) break;
