@@ -18,16 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+#include "proto.cuh"
 
 // One SM's share: [base, base + bytes) of the buffer, SM s = blockIdx.x / per_sm; the blocks of
 // an SM take its chunks round robin. Each block keeps `slots` copies of `chunk` bytes in flight.

@@ -39,14 +39,7 @@
 #include <string>
 #include <algorithm>
 
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "proto.cuh"
 
 #ifndef NW
 #define NW 12                      // consumer warps
@@ -92,9 +85,6 @@ struct Params {
     unsigned long long* stamps;       // [n_ops][4] the last SM (it has a tile of every operation): input ready, inputs built, cells done, operation published (null: off)
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
 __device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
     asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
 }
