@@ -65,6 +65,8 @@ run() {
     # STEPPED=1: written after the eighth session's last run (pointers stepped in the cell loop).
     BUILDS="A8=1 A8=1,STEPPED=1 A8=1 A8=1,STEPPED=1" PROTO_MODES=04 timeout 200 scripts/proto-stream.sh --iters 20 --chunks 8 > "$out/proto.log" 2>&1
     BUILDS="A8=1,NW=8" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 >> "$out/proto.log" 2>&1
+    # W16=1: bf16 weights (the bf16 plan's 9.3 GB), written after the eighth session's last run.
+    BUILDS="W16=1" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
     # --tiny (one 16 x 128 tile per operation and SM) hung in the eighth session: its G = 1 left
     # half a warp in full-mask shuffles, which the input phase no longer does.
     BUILDS="A8=1" PROTO_MODES=04 timeout 60 scripts/proto-stream.sh --iters 10 --chunks 8 --tiny >> "$out/proto.log" 2>&1

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the streamed-step prototype (crates/hayai-cuda/proto/stream_step.cu) on the GPU
 # machine: `scripts/proto-stream.sh [ARGS...]` (nvcc there, or NVCC=...), once per build in BUILDS
-# (default "A8=1"; e.g. BUILDS="A8=1 NW=8 NW=8,OFFSET=1 A8=1,NP=2": W4A8, consumer warps, offset-binary
-# nibbles, producer warps).
+# (default "A8=1"; e.g. BUILDS="A8=1 NW=8 NW=8,OFFSET=1 A8=1,NP=2 W16=1": W4A8, consumer warps,
+# offset-binary nibbles, producer warps, bf16 weights).
 # Prints each configuration's step time in six modes (full chain, no input waits, stream only,
 # compute only, cells only, producer only; PROTO_MODES=0245 picks some), the check against the plain GEMV chain
 # and a per-operation breakdown; `--tiny` shrinks every operation to one 16 x 128 tile per SM (the

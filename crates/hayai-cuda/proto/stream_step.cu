@@ -48,18 +48,31 @@
 #define NP 1                       // producer warps (chunk c is producer c % NP's)
 #endif
 #define THREADS ((NW + NP) * 32)   // + the producer warps
+#ifndef W16
+#define W16 0                      // bf16 weights: 16 rows x 64 columns per 2,048-byte cell, no scales
+#endif
+#if W16
+#define CELL_BYTES 2048
+#define GC 64                      // columns per cell (a "group" on the input side)
+#ifndef CH_CELLS
+#define CH_CELLS 8                 // cells per ring chunk (16,384 bytes)
+#endif
+#else
 #define CELL_BYTES 1056
-#define CELL_U4 (CELL_BYTES / 16)  // 66
+#define GC 128
 #ifndef CH_CELLS
 #define CH_CELLS 16                // cells per ring chunk (16,896 bytes)
 #endif
+#endif
+#define STEPS (GC / 16)            // k16 steps per cell on the bf16-pair paths
+#define CELL_U4 (CELL_BYTES / 16)
 #ifndef PF
 #define PF 0                       // bulk L2 prefetch of the chunk PF ring-lengths ahead (sm_90)
 #endif
 #define MAXJ 12                    // input entries per thread: K <= 12,288
 
 struct Op {
-    int rows, K, G;   // G = K / 128
+    int rows, K, G;   // G = K / GC
     int norm;         // RMS-normalize the input
     int glu;          // interleaved (gate, up) rows -> gelu(gate) * up, rows / 2 outputs
     int in_off;       // first input element
@@ -248,7 +261,29 @@ __device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xb, int 
     acc_a = fmaf(fa * xsc, sa, acc_a);
     acc_b = fmaf(fb * xsc, sb, acc_b);
 }
-#if A8
+#if W16 && (A8 || OFFSET)
+#error "W16 cells take bf16-pair inputs only"
+#endif
+// One bf16 cell (W16): lane (g, c) holds at uint4 s * 32 + lane step s's A fragment as mma
+// m16n8k16 wants it: rows g / g + 8 at columns 16 s + 2 c, + 1 and 16 s + 8 + 2 c, + 1. No
+// unpacking, no scales: the products of the input's hi and lo halves (columns 0 and 1) add up.
+__device__ __forceinline__ void cell_w16(const uint4* cp, const uint2* xg, int lane, float& acc_a, float& acc_b) {
+    float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        const uint4 w = cp[s * 32 + lane];
+        const uint32_t a[4] = {w.x, w.y, w.z, w.w};
+        uint2 bv = make_uint2(0u, 0u);
+        if (lane < 8) bv = xg[s * 8 + lane];
+        const uint32_t b[2] = {bv.x, bv.y};
+        mma_bf16(d[s & 1], a, b);
+    }
+    acc_a += (d[0][0] + d[1][0]) + (d[0][1] + d[1][1]);
+    acc_b += (d[0][2] + d[1][2]) + (d[0][3] + d[1][3]);
+}
+#if W16
+#define CELL(pos, grp) cell_w16(R.cell(pos), xf + (grp) * (STEPS * 8), lane, acc_a, acc_b)
+#elif A8
 #define CELL(pos, grp) \
     cell_imma(R.cell(pos), lane < 4 ? xf + (grp) * 16 + lane : xzero, xs8[grp], xsc[grp], lane, acc_a, acc_b)
 #elif OFFSET
@@ -555,7 +590,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     R.empty = empty;
     R.have = 0;
     R.rel = 0;
-    uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES);  // [G][8 steps][8 lanes]
+    uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES);  // [G][STEPS][8 lanes]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int s = blockIdx.x, nsm = gridDim.x;
     if (threadIdx.x == 0) ring_init<NCH>(full, empty, BULK ? 1 : 32);
@@ -629,15 +664,15 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #else
         int g0, g1;
         input_groups(op, t0, nt, G, g0, g1);
-        const int e0 = g0 * 32, E = g1 * 32;  // (group, step, c) entries, 4 inputs each
+        const int e0 = g0 * (STEPS * 4), E = g1 * (STEPS * 4);  // (group, step, c) entries, 4 inputs each
         float4 v[MAXJ];
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < MAXJ; j++) {
             const int e = e0 + tid + j * NW * 32;
             if (e < E) {
-                const int grp = e >> 5, st = (e >> 2) & 7, c = e & 3;
-                const float* x = op.in + op.in_off + grp * 128 + st * 16 + 2 * c;
+                const int grp = (unsigned)e / (STEPS * 4), st = ((unsigned)e >> 2) % STEPS, c = e & 3;
+                const float* x = op.in + op.in_off + grp * GC + st * 16 + 2 * c;
                 float2 lo = make_float2(1.f, 0.5f), hi = make_float2(-1.f, 0.25f);
                 if (P.mode != 4) {
                     lo = __ldcg((const float2*)x);
@@ -660,13 +695,13 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         for (int j = 0; j < MAXJ; j++) {
             const int e = e0 + tid + j * NW * 32;
             if (e < E) {
-                const int grp = e >> 5, st = (e >> 2) & 7, c = e & 3;
+                const int grp = (unsigned)e / (STEPS * 4), st = ((unsigned)e >> 2) % STEPS, c = e & 3;
                 const float4 x = make_float4(v[j].x * scale, v[j].y * scale, v[j].z * scale, v[j].w * scale);
                 const uint32_t h0 = bf16x2_bits(x.x, x.y), h1 = bf16x2_bits(x.z, x.w);
                 const __nv_bfloat162 b0 = *(const __nv_bfloat162*)&h0, b1 = *(const __nv_bfloat162*)&h1;
                 const uint32_t l0 = bf16x2_bits(x.x - __low2float(b0), x.y - __high2float(b0));
                 const uint32_t l1 = bf16x2_bits(x.z - __low2float(b1), x.w - __high2float(b1));
-                uint2* f = xf + grp * 64 + st * 8 + c;
+                uint2* f = xf + grp * (STEPS * 8) + st * 8 + c;
                 f[0] = make_uint2(h0, h1);  // lane c: column 0 (hi)
                 f[4] = make_uint2(l0, l1);  // lane 4 + c: column 1 (lo)
 #if OFFSET
@@ -796,7 +831,19 @@ __global__ void ref_gemv(const uint8_t* cells, Op op) {
     float acc = 0.f;
     for (int grp = 0; grp < op.G; grp++) {
         const uint8_t* cell = cells + ((size_t)t * op.G + grp) * CELL_BYTES;
-#if A8
+#if W16
+        // Column k of row rr: step k / 16, then the m16n8k16 A fragment position (see cell_w16).
+        float part = 0.f;
+        for (int k = lane; k < GC; k += 32) {
+            const int st = k >> 4, kk = k & 15, half = kk >> 3, c = (kk & 7) >> 1, e = kk & 1;
+            const int ln = 4 * (rr & 7) + c, reg = (rr >> 3) + 2 * half;
+            const uint16_t w = *(const uint16_t*)(cell + (st * 32 + ln) * 16 + reg * 4 + e * 2);
+            part += __uint_as_float((uint32_t)w << 16) * (op.in[op.in_off + grp * GC + k] * scale);
+        }
+        for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+        acc += part;
+        continue;
+#elif A8
         float m = 0.f;
         for (int k = lane; k < 128; k += 32) m = fmaxf(m, fabsf(op.in[op.in_off + grp * 128 + k] * scale));
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -841,6 +888,14 @@ __global__ void make_cells(uint8_t* cells, long long n_cells, int K, unsigned se
     uint32_t h = (uint32_t)i * 2654435761u ^ seed * 40503u ^ (uint32_t)(i >> 32) * 97u;
     h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
     uint32_t* p = (uint32_t*)(cells + cell * CELL_BYTES);
+#if W16
+    // Two bf16 weights, uniform in +-1.33 / sqrt(K) (about the int4 cells' spread).
+    const float base = 1.33f / sqrtf((float)K);
+    const float a = base * ((float)(h & 0xffff) / 32767.5f - 1.f), b = base * ((float)(h >> 16) / 32767.5f - 1.f);
+    p[w] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
+    return;
+#endif
     if (w < 256) {
         p[w] = h;
     } else {
@@ -921,7 +976,9 @@ int main(int argc, char** argv) {
     };
     const int P = prop.multiProcessorCount;
     printf("chunk: %d cells, L2 prefetch %d ring lengths ahead\n", CH_CELLS, PF);
-    printf("consumer warps: %d, producer warps: %d, %s\n", NW, NP, A8 ? "W4A8 (int8 inputs, integer tensor cores)" : OFFSET ? "bf16 pair inputs, offset nibbles" : "bf16 pair inputs");
+    printf("consumer warps: %d, producer warps: %d, %s\n", NW, NP,
+           W16 ? "W16 (bf16 weights, bf16 pair inputs)" : A8 ? "W4A8 (int8 inputs, integer tensor cores)"
+           : OFFSET ? "bf16 pair inputs, offset nibbles" : "bf16 pair inputs");
     printf("device: %s, %d SMs, sm_%d%d, %zu KB shared per block (opt-in)\n", prop.name, P, prop.major,
            prop.minor, prop.sharedMemPerBlockOptin / 1024);
 
@@ -968,7 +1025,7 @@ int main(int argc, char** argv) {
     const bool balanced = !(getenv("PROTO_BALANCE") && !strcmp(getenv("PROTO_BALANCE"), "0"));
     if (balanced)
         for (HostOp& o : ops) {
-            const int T = o.rows / 16, G = o.K / 128;
+            const int T = o.rows / 16, G = o.K / GC;
             long long best = -1;
             for (int S = 1; S <= 4; S++) {
                 if (G % S || (o.glu && S > 1)) continue;
@@ -982,7 +1039,7 @@ int main(int argc, char** argv) {
     std::vector<float*> outs(n_ops), ref_outs(n_ops), raw(n_ops, nullptr);
     long long cells_total = 0;
     for (int k = 0; k < n_ops; k++) {
-        const long long nc = (long long)(ops[k].rows / 16) * (ops[k].K / 128);
+        const long long nc = (long long)(ops[k].rows / 16) * (ops[k].K / GC);
         cells_total += nc;
         CK(cudaMalloc(&wts[k], nc * CELL_BYTES));
         make_cells<<<(unsigned)((nc * (CELL_BYTES / 4) + 255) / 256), 256>>>(wts[k], nc, ops[k].K, 1234u + k);
@@ -1007,7 +1064,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < P; s++) {
         sm_base[s] = (long long)map.size();
         for (int k = 0; k < n_ops; k++) {
-            const int S = ops[k].S, G = ops[k].K / 128, Gu = G / S;
+            const int S = ops[k].S, G = ops[k].K / GC, Gu = G / S;
             int t0, nt;
             sm_tiles(ops[k].rows * S, P, s, t0, nt);
             for (int p = 0; p * NW < nt; p++) {
@@ -1072,7 +1129,7 @@ int main(int argc, char** argv) {
         memset(&o, 0, sizeof(o));
         o.rows = ops[k].rows;
         o.K = ops[k].K;
-        o.G = o.K / 128;
+        o.G = o.K / GC;
         o.norm = ops[k].norm;
         o.glu = ops[k].glu;
         o.in_off = ops[k].in_off;
@@ -1083,7 +1140,7 @@ int main(int argc, char** argv) {
         o.in_parts = ops[k].in_op < 0 ? 1 : ops[ops[k].in_op].S;
         o.in_stride = ops[k].in_op < 0 ? 0 : ops[ops[k].in_op].out_n;
         if (o.G > maxG) maxG = o.G;
-        if (o.G * 32 > MAXJ * NW * 32) { fprintf(stderr, "K too large\n"); return 1; }
+        if (o.G * (STEPS * 4) > MAXJ * NW * 32) { fprintf(stderr, "K too large\n"); return 1; }
     }
     Op* dops;
     CK(cudaMalloc(&dops, n_ops * sizeof(Op)));
@@ -1093,7 +1150,7 @@ int main(int argc, char** argv) {
     unsigned long long* stamps;
     CK(cudaMalloc(&stamps, 4 * n_ops * sizeof(unsigned long long)));
 
-    const size_t xf_bytes = (size_t)maxG * 64 * sizeof(uint2);
+    const size_t xf_bytes = (size_t)maxG * (STEPS * 8) * sizeof(uint2);
     const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4;
     const int fit = (int)((avail - xf_bytes) / (CH_CELLS * CELL_BYTES));
     const bool hopper = prop.major >= 9;
