@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: the streamed-step prototype at its defaults (scripts/proto-stream.sh) and the
-#         per-SM stream-rate benchmark (proto/stream_rate.cu); nvcc there, ~1 min; pending-ab: bench-engine A/B of the current defaults (the server's
+#         pending: the streamed-step prototype's variants written after the last GPU run
+#         (scripts/proto-stream.sh; nvcc there, ~3 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -59,19 +59,18 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has pending; then
-    # The streamed-step prototype at its measured best (docs/performance.md, eighth session).
-    stage "streamed-step prototype and the per-SM stream rate"
-    (cd crates/hayai-cuda/proto && nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/stream_rate stream_rate.cu && timeout 60 /tmp/stream_rate) > "$out/stream_rate.log" 2>&1
-    # STEPPED=1: written after the eighth session's last run (pointers stepped in the cell loop).
+    # The streamed-step prototype (docs/performance.md, eighth session): what was written after
+    # its last GPU run.
+    stage "streamed-step prototype"
+    # Written after the eighth session's last GPU run: STEPPED=1 (cell-loop pointers stepped),
+    # W16=1 (bf16 weights), --ctx N (attention between QKV and O), --tiny's fix.
     BUILDS="A8=1 A8=1,STEPPED=1 A8=1 A8=1,STEPPED=1" PROTO_MODES=04 timeout 200 scripts/proto-stream.sh --iters 20 --chunks 8 > "$out/proto.log" 2>&1
-    BUILDS="A8=1,NW=8" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 >> "$out/proto.log" 2>&1
-    # W16=1: bf16 weights (the bf16 plan's 9.3 GB), written after the eighth session's last run.
+    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
-    # --tiny (one 16 x 128 tile per operation and SM) hung in the eighth session: its G = 1 left
-    # half a warp in full-mask shuffles, which the input phase no longer does.
+    BUILDS="W16=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --ctx 640 >> "$out/proto.log" 2>&1
+    BUILDS="A8=1,NW=8" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=04 timeout 60 scripts/proto-stream.sh --iters 10 --chunks 8 --tiny >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
-    cat "$out/stream_rate.log" | tee -a "$out/session.log"
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
   fi
   if has pending-ab; then

@@ -6,7 +6,8 @@
 # Prints each configuration's step time in six modes (full chain, no input waits, stream only,
 # compute only, cells only, producer only; PROTO_MODES=0245 picks some), the check against the plain GEMV chain
 # and a per-operation breakdown; `--tiny` shrinks every operation to one 16 x 128 tile per SM (the
-# chain's own cost per operation), `--chunks N` keeps the N-chunk rings only, PROTO_COPY=bulk|
+# chain's own cost per operation), `--ctx N` puts attention over an N-position KV cache between
+# QKV and O, `--chunks N` keeps the N-chunk rings only, PROTO_COPY=bulk|
 # cp.async|both the producers' copy engine (default bulk where there is TMA), PROTO_BALANCE=0
 # keeps tiles whole (by default they are split along K so every SM streams about the same bytes
 # per operation).

@@ -1,14 +1,16 @@
 // Prototype of the streamed decode step (docs/performance.md, "the persistent step"): measures
 // whether weights streamed per SM across operation boundaries, with the activations passed along
-// the chain by per-operation counters, get an E4B-shaped int4 GEMV chain close to the DRAM
-// bandwidth. Standalone (nvcc only, no engine), run on the GPU machine by
-// scripts/proto-stream.sh; it checks its own results against a plain GEMV chain.
+// the chain by per-operation counters, get an E4B-shaped GEMV chain close to the DRAM bandwidth.
+// Standalone (nvcc only, no engine), run on the GPU machine by scripts/proto-stream.sh; it checks
+// its own results against a plain GEMV chain.
 //
-// What it models: 1 + 42 x 6 + 1 int4 GEMVs with E4B's shapes (per-layer-embedding model
-// projection; per layer QKV, O, gate/up with GeGLU, down, PLE gate, PLE projection; lm_head),
-// each reading the previous one's output (the attention is replaced by reading the QKV output's
-// first 8 x head_dim values), RMS-normalized where Gemma normalizes. Not modelled: attention,
-// residual adds, the PLE mix, argmax.
+// What it models: 1 + 42 x 6 + 1 GEMVs with E4B's shapes, int4 (or bf16 with W16) (per-layer-
+// embedding model projection; per layer QKV, O, gate/up with GeGLU, down, PLE gate, PLE
+// projection; lm_head), each reading the previous one's output, RMS-normalized where Gemma
+// normalizes. Between QKV and O, with --ctx N, attention over an N-position bf16 KV cache
+// (sliding layers: the last 512; KV-shared layers read their donor's), split over SMs by key
+// range and merged per head; without it O reads the QKV output's first 8 x head_dim values. Not
+// modelled: the q/k norm weights and RoPE, the KV append, residual adds, the PLE mix, argmax.
 //
 // Design:
 // * Weights in 1,056-byte cells (16 rows x 128 columns of int4 = 1,024 bytes in the order the
@@ -83,6 +85,21 @@ struct Op {
                       // rows / 16); output S partial vectors
     int in_parts;     // partial vectors of the input (its producer's S), added in order
     int in_stride;    // floats between them
+    int attn;         // >= 0: an attention operation (index into Params::attn), no weights
+    int pubs;         // publications per launch that complete it (SMs, or heads for attention)
+};
+
+// An attention operation (--ctx N): the query heads of the QKV output against a bf16 KV cache of
+// ctx positions (sliding layers: the last `window`), split over SMs by key range; the last split
+// of a head to finish merges the head (fixed split order) and publishes it. Not modelled: the
+// q/k norm weights, RoPE, appending the fresh key and value (the cache is pre-filled).
+struct AttnOp {
+    int heads, kv_heads, hd, ctx, window, splits;
+    const __nv_bfloat16* kc;  // [kv_heads][ctx][hd]
+    const __nv_bfloat16* vc;
+    float* part;              // [heads * splits][hd] partial outputs (shared by all layers)
+    float* ml;                // [heads * splits][2] their max and sum
+    unsigned* hcnt;           // [heads] splits finished (monotonic over launches)
 };
 
 struct Params {
@@ -91,6 +108,7 @@ struct Params {
     const uint4* stream;              // all SMs' streams
     const long long* sm_base;         // first cell of SM s's stream
     int interleave;                   // stream chunk c of SM s at chunk c * SMs + s of `stream`
+    const AttnOp* attn;               // attention operations (--ctx)
     unsigned* done;                   // per-operation counters (monotonic over launches)
     unsigned epoch;                   // launch number, from 1
     int mode;  // 0 full chain, 1 no waits for inputs, 2 stream only, 3 compute only (no copies:
@@ -395,8 +413,8 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 }
 
 // Until every SM has published operation `k` in this launch (acquire: its outputs are visible).
-__device__ __forceinline__ void wait_operation(const Params& P, int k, int nsm) {
-    const unsigned target = P.epoch * (unsigned)nsm;
+__device__ __forceinline__ void wait_operation(const Params& P, int k) {
+    const unsigned target = P.epoch * (unsigned)P.ops[k].pubs;
     unsigned long long t0 = 0;
     // A short sleep between polls.
     for (unsigned n = 1; (int)(ld_acquire(&P.done[k]) - target) < 0; n++) {
@@ -506,6 +524,128 @@ __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int 
     }
 }
 
+// Attention scratch in shared memory: the scaled query, the split's scores, its max and sum.
+#define ATT_MAXK 256  // keys per split
+struct AttnSmem {
+    float q[512];
+    float sc[ATT_MAXK];
+    float m, l;
+    float red[NW];
+    int last;
+};
+
+// Attention item (head h, split j) of operation k on SM s: item i runs on SM nsm - 1 - i (so the
+// last SM, whose stamps are printed, has one). The consumer warps score the split's keys (a warp
+// per key, lanes over the head dimension), one warp takes the softmax, every thread a column of
+// p.V; the split's partial goes to global memory and the last split of the head merges them in
+// split order and publishes the head.
+__device__ void attention_op(const Params& P, const Op& op, const AttnOp& a, int k, int s, int nsm, int tid,
+                             AttnSmem& sm) {
+    const int item = nsm - 1 - s;
+    const int warp = tid >> 5, lane = tid & 31;
+    if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k] = global_ns();
+    if (item >= a.heads * a.splits) return;
+    if (P.mode == 0 && op.in_op >= 0) {
+        if (tid == 0) wait_operation(P, op.in_op);
+        consumers_sync();
+    }
+    const int h = item / a.splits, j = item % a.splits, hd = a.hd;
+    const int kvh = h / (a.heads / a.kv_heads);
+    const int lo = a.ctx > a.window ? a.ctx - a.window : 0, n = a.ctx - lo;
+    const int k0 = lo + n * j / a.splits, k1 = lo + n * (j + 1) / a.splits, nk = k1 - k0;
+    // The query, RMS-normalized (unit weight) and scaled by 1 / sqrt(hd).
+    float ss = 0.f;
+    for (int d = tid; d < hd; d += NW * 32) {
+        float v = __ldcg(op.in + h * hd + d);
+        for (int jp = 1; jp < op.in_parts; jp++) v += __ldcg(op.in + jp * op.in_stride + h * hd + d);
+        sm.q[d] = v;
+        ss += v * v;
+    }
+    // The norm's barrier also completes sm.q; the second one keeps sm.red from being reused early.
+    const float qs = consumers_rms_scale(ss, hd, sm.red, warp, lane) * rsqrtf((float)hd);
+    consumers_sync();
+    if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k + 1] = global_ns();
+    // Scores: a warp per key, 8 bf16 per lane per 256 columns.
+    for (int i = warp; i < nk; i += NW) {
+        const __nv_bfloat16* kr = a.kc + ((size_t)kvh * a.ctx + k0 + i) * hd;
+        float dot = 0.f;
+        for (int d0 = lane * 8; d0 < hd; d0 += 256) {
+            const uint4 w = __ldg((const uint4*)(kr + d0));
+            const __nv_bfloat162* w2 = (const __nv_bfloat162*)&w;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(w2[e]);
+                dot = fmaf(f.x, sm.q[d0 + 2 * e], dot);
+                dot = fmaf(f.y, sm.q[d0 + 2 * e + 1], dot);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (lane == 0) sm.sc[i] = dot * qs;
+    }
+    consumers_sync();
+    if (warp == 0) {  // softmax over the split's keys
+        float m = -INFINITY;
+        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sm.sc[i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float l = 0.f;
+        for (int i = lane; i < nk; i += 32) {
+            const float p = __expf(sm.sc[i] - m);
+            sm.sc[i] = p;
+            l += p;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) {
+            sm.m = m;
+            sm.l = l;
+        }
+    }
+    consumers_sync();
+    // p.V: a thread per column; the split's partial to global memory.
+    for (int d = tid; d < hd; d += NW * 32) {
+        const __nv_bfloat16* vr = a.vc + ((size_t)kvh * a.ctx + k0) * hd + d;
+        float acc = 0.f;
+        for (int i = 0; i < nk; i++) acc = fmaf(sm.sc[i], __bfloat162float(vr[(size_t)i * hd]), acc);
+        a.part[(size_t)item * hd + d] = acc;
+    }
+    if (tid == 0) {
+        a.ml[2 * item] = sm.m;
+        a.ml[2 * item + 1] = sm.l;
+    }
+    consumers_sync();
+    if (tid == 0) {  // the barrier orders the block's writes before this release (cumulative)
+        __threadfence();
+        const unsigned old = atomicAdd(a.hcnt + h, 1u);
+        sm.last = old + 1 == P.epoch * (unsigned)a.splits;
+        __threadfence();
+    }
+    consumers_sync();
+    if (!sm.last) {
+        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k + 2] = P.stamps[4 * k + 3] = global_ns();
+        return;
+    }
+    if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k + 2] = global_ns();
+    // Merge the head's splits in split order.
+    const int i0 = h * a.splits;
+    float M = -INFINITY;
+    for (int t = 0; t < a.splits; t++) M = fmaxf(M, __ldcg(a.ml + 2 * (i0 + t)));
+    float L = 0.f;
+    for (int t = 0; t < a.splits; t++) L += __expf(__ldcg(a.ml + 2 * (i0 + t)) - M) * __ldcg(a.ml + 2 * (i0 + t) + 1);
+    for (int d = tid; d < hd; d += NW * 32) {
+        float acc = 0.f;
+        for (int t = 0; t < a.splits; t++)
+            acc += __expf(__ldcg(a.ml + 2 * (i0 + t)) - M) * __ldcg(a.part + (size_t)(i0 + t) * hd + d);
+        op.out[h * hd + d] = acc / L;
+    }
+    consumers_sync();
+    if (tid == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+        if (P.stamps && s == nsm - 1) P.stamps[4 * k + 3] = global_ns();
+    }
+}
+
 // The ring's barriers (thread 0; the caller synchronizes): a chunk is full after `full_count`
 // arrivals (1 bulk copy, or the 32 producer lanes' cp.async), empty after every consumer warp's.
 template <int NCH>
@@ -575,6 +715,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     __shared__ uint64_t full[NCH], empty[NCH];
     __shared__ float red[2][NW][16];
     __shared__ float wsum[NW];
+    __shared__ AttnSmem attn_sm;
 #if OFFSET
     __shared__ float xsum[96];  // per group: sum of the input
 #endif
@@ -616,6 +757,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             base = next_base;
             continue;
         }
+        if (op.attn >= 0) {  // no weights: the ring streams the next operations' meanwhile
+            attention_op(P, op, P.attn[op.attn], k, s, nsm, tid, attn_sm);
+            continue;
+        }
         if (nt == 0) {  // nothing to compute; still counted, the consumers wait for every SM
             if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
             base = next_base;
@@ -623,7 +768,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         }
         // The input: wait for its producer, read it (L2, not L1: other SMs wrote it), normalize.
         if (P.mode == 0 && op.in_op >= 0) {
-            if (tid == 0) wait_operation(P, op.in_op, nsm);
+            if (tid == 0) wait_operation(P, op.in_op);
             consumers_sync();
         }
         if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k] = global_ns();
@@ -873,6 +1018,50 @@ __global__ void ref_gemv(const uint8_t* cells, Op op) {
     if (lane == 0) op.out[row] = acc;
 }
 
+// Random bf16 values uniform in [-1.7, 1.7] (KV caches).
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, unsigned seed) {
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed * 40503u;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+    p[i] = __float2bfloat16_rn(1.7f * ((float)(h & 0xffff) / 32767.5f - 1.f));
+}
+
+// Reference attention: block h computes head h over the whole window in one pass (f32).
+__global__ void ref_attn(AttnOp a, const float* qkv, float* out) {
+    __shared__ float q[512], sc[4096], red[32];
+    const int h = blockIdx.x, hd = a.hd, kvh = h / (a.heads / a.kv_heads), t = threadIdx.x;
+    const int lo = a.ctx - a.window;
+    float ss = 0.f;
+    for (int d = t; d < hd; d += blockDim.x) {
+        q[d] = qkv[h * hd + d];
+        ss += q[d] * q[d];
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((t & 31) == 0) red[t >> 5] = ss;
+    __syncthreads();
+    float tot = 0.f;
+    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += red[i];
+    const float qs = rsqrtf(tot / (float)hd + 1e-6f) * rsqrtf((float)hd);
+    for (int i = t; i < a.window; i += blockDim.x) {
+        const __nv_bfloat16* kr = a.kc + ((size_t)kvh * a.ctx + lo + i) * hd;
+        float dot = 0.f;
+        for (int d = 0; d < hd; d++) dot += __bfloat162float(kr[d]) * q[d];
+        sc[i] = dot * qs;
+    }
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = 0; i < a.window; i++) m = fmaxf(m, sc[i]);
+    float l = 0.f;
+    for (int i = 0; i < a.window; i++) l += expf(sc[i] - m);
+    for (int d = t; d < hd; d += blockDim.x) {
+        float acc = 0.f;
+        for (int i = 0; i < a.window; i++)
+            acc += expf(sc[i] - m) * __bfloat162float(a.vc[((size_t)kvh * a.ctx + lo + i) * hd + d]);
+        out[h * hd + d] = acc / l;
+    }
+}
+
 __global__ void glu_kernel(const float* in, float* out, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = gelu_tanh(in[2 * i]) * in[2 * i + 1];
@@ -944,12 +1133,14 @@ int main(int argc, char** argv) {
     int iters = 20;
     int n_ch_req = 0;
     int layers = 42;
+    int ctx = 0;  // > 0: attention over a KV cache of ctx positions between QKV and O
     bool tiny = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tiny")) tiny = true;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) n_ch_req = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
     }
     setvbuf(stdout, nullptr, _IONBF, 0);
     cudaDeviceProp prop;
@@ -983,9 +1174,11 @@ int main(int argc, char** argv) {
            prop.minor, prop.sharedMemPerBlockOptin / 1024);
 
     // The operation list (E4B shapes).
-    struct HostOp { int rows, K, norm, glu, in_op, in_off, out_n; std::string name; int S = 1; };
+    struct HostOp { int rows, K, norm, glu, in_op, in_off, out_n; std::string name; int S = 1; int attn = -1; };
     std::vector<HostOp> ops;
     const int H = 2560, FF = 10240, PLE = 256;
+    std::vector<std::pair<int, int>> attn_layer;  // per attention operation: head dim, window
+    std::vector<int> attn_donor;                  // the layer whose KV cache it reads
     ops.push_back({42 * PLE, H, 1, 0, -1, 0, 42 * PLE, "ple_model"});
     int h_op = 0;  // operation holding the current hidden vector (first H values)
     for (int l = 0; l < layers; l++) {
@@ -995,14 +1188,28 @@ int main(int argc, char** argv) {
         const int qkv = 8 * hd + (own_kv ? 4 * hd : 0);
         const int q = (int)ops.size();
         ops.push_back({qkv, H, 1, 0, h_op, 0, qkv, "qkv"});
-        ops.push_back({H, 8 * hd, 0, 0, q, 0, H, "o"});
-        ops.push_back({2 * FF, H, 1, 1, q + 1, 0, FF, "gate_up"});
-        ops.push_back({H, FF, 0, 0, q + 2, 0, H, "down"});
-        ops.push_back({PLE, H, 1, 0, q + 3, 0, PLE, "ple_gate"});
-        ops.push_back({H, PLE, 0, 0, q + 4, 0, H, "ple_proj"});
-        h_op = q + 5;
+        int o_in = q;  // without attention, O reads the QKV output's first 8 hd values
+        if (ctx > 0) {
+            // Attention: layer l's own cache, or (KV-shared layers) the last own layer's of its kind.
+            const int donor = own_kv ? l : (sliding ? 22 : 23);
+            HostOp a = {0, 0, 0, 0, q, 0, 8 * hd, "attn"};
+            a.attn = (int)attn_layer.size();
+            attn_layer.push_back(std::make_pair(hd, sliding ? 512 : 1 << 30));
+            attn_donor.push_back(donor);
+            ops.push_back(a);
+            o_in = q + 1;
+        }
+        const int o = (int)ops.size();
+        ops.push_back({H, 8 * hd, 0, 0, o_in, 0, H, "o"});
+        ops.push_back({2 * FF, H, 1, 1, o, 0, FF, "gate_up"});
+        ops.push_back({H, FF, 0, 0, o + 1, 0, H, "down"});
+        ops.push_back({PLE, H, 1, 0, o + 2, 0, PLE, "ple_gate"});
+        ops.push_back({H, PLE, 0, 0, o + 3, 0, H, "ple_proj"});
+        h_op = o + 4;
     }
     ops.push_back({262144, H, 1, 0, h_op, 0, 262144, "lm_head"});
+    if (tiny && ctx > 0) { fprintf(stderr, "--tiny models no attention (leave out --ctx)\n"); return 2; }
+    if (ctx > 4096) { fprintf(stderr, "--ctx is at most 4096 here\n"); return 2; }
     if (tiny) {
         // The chain alone: every operation one 16 x 128 tile per SM (norms, GeGLU and the
         // dependencies as they are), so a step's time over the operation count is what one link
@@ -1041,8 +1248,11 @@ int main(int argc, char** argv) {
     for (int k = 0; k < n_ops; k++) {
         const long long nc = (long long)(ops[k].rows / 16) * (ops[k].K / GC);
         cells_total += nc;
-        CK(cudaMalloc(&wts[k], nc * CELL_BYTES));
-        make_cells<<<(unsigned)((nc * (CELL_BYTES / 4) + 255) / 256), 256>>>(wts[k], nc, ops[k].K, 1234u + k);
+        wts[k] = nullptr;
+        if (nc > 0) {
+            CK(cudaMalloc(&wts[k], nc * CELL_BYTES));
+            make_cells<<<(unsigned)((nc * (CELL_BYTES / 4) + 255) / 256), 256>>>(wts[k], nc, ops[k].K, 1234u + k);
+        }
         CK(cudaMalloc(&outs[k], (size_t)ops[k].S * ops[k].out_n * sizeof(float)));  // S partial vectors
         CK(cudaMalloc(&ref_outs[k], ops[k].out_n * sizeof(float)));
         if (ops[k].glu) CK(cudaMalloc(&raw[k], ops[k].rows * sizeof(float)));
@@ -1139,19 +1349,52 @@ int main(int argc, char** argv) {
         o.S = ops[k].S;
         o.in_parts = ops[k].in_op < 0 ? 1 : ops[ops[k].in_op].S;
         o.in_stride = ops[k].in_op < 0 ? 0 : ops[ops[k].in_op].out_n;
+        o.attn = ops[k].attn;
+        o.pubs = ops[k].attn >= 0 ? 8 : P;  // attention: one publication per head
         if (o.G > maxG) maxG = o.G;
         if (o.G * (STEPS * 4) > MAXJ * NW * 32) { fprintf(stderr, "K too large\n"); return 1; }
     }
     Op* dops;
     CK(cudaMalloc(&dops, n_ops * sizeof(Op)));
     CK(cudaMemcpy(dops, hops.data(), n_ops * sizeof(Op), cudaMemcpyHostToDevice));
+    // Attention: bf16 caches (random, pre-filled), the split scratch, the per-head counters.
+    const int n_attn = (int)attn_layer.size(), splits = P / 8;
+    std::vector<AttnOp> hattn(n_attn);
+    AttnOp* dattn = nullptr;
+    unsigned* hcnt = nullptr;
+    if (n_attn > 0) {
+        float *part, *ml;
+        CK(cudaMalloc(&part, (size_t)8 * splits * 512 * sizeof(float)));
+        CK(cudaMalloc(&ml, (size_t)8 * splits * 2 * sizeof(float)));
+        CK(cudaMalloc(&hcnt, (size_t)n_attn * 8 * sizeof(unsigned)));
+        std::vector<__nv_bfloat16*> kcache(layers, nullptr), vcache(layers, nullptr);
+        size_t kv_bytes = 0;
+        for (int i = 0; i < n_attn; i++) {
+            const int hd = attn_layer[i].first, l = attn_donor[i];
+            if (!kcache[l]) {
+                const size_t n = (size_t)2 * ctx * hd;  // 2 KV heads
+                CK(cudaMalloc(&kcache[l], n * 2));
+                CK(cudaMalloc(&vcache[l], n * 2));
+                fill_bf16<<<(unsigned)((n + 255) / 256), 256>>>(kcache[l], n, 77u + 2 * l);
+                fill_bf16<<<(unsigned)((n + 255) / 256), 256>>>(vcache[l], n, 78u + 2 * l);
+            }
+            const int window = std::min(attn_layer[i].second, ctx);
+            if ((window + splits - 1) / splits > ATT_MAXK) { fprintf(stderr, "--ctx too long\n"); return 2; }
+            kv_bytes += (size_t)2 * 2 * window * hd * 2;
+            hattn[i] = AttnOp{8, 2, hd, ctx, window, splits, kcache[l], vcache[l], part, ml, hcnt + 8 * i};
+        }
+        CK(cudaMalloc(&dattn, n_attn * sizeof(AttnOp)));
+        CK(cudaMemcpy(dattn, hattn.data(), n_attn * sizeof(AttnOp), cudaMemcpyHostToDevice));
+        printf("attention: %d operations, context %d, %d splits per head, %.1f MB of KV read per step\n", n_attn,
+               ctx, splits, kv_bytes / 1e6);
+    }
     unsigned* done;
     CK(cudaMalloc(&done, n_ops * sizeof(unsigned)));
     unsigned long long* stamps;
     CK(cudaMalloc(&stamps, 4 * n_ops * sizeof(unsigned long long)));
 
     const size_t xf_bytes = (size_t)maxG * (STEPS * 8) * sizeof(uint2);
-    const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4;
+    const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4 - sizeof(AttnSmem);
     const int fit = (int)((avail - xf_bytes) / (CH_CELLS * CELL_BYTES));
     const bool hopper = prop.major >= 9;
     // Reference chain.
@@ -1160,6 +1403,10 @@ int main(int argc, char** argv) {
         o.in = ops[k].in_op < 0 ? x0 : ref_outs[ops[k].in_op];
         o.in_parts = 1;
         o.out = ops[k].glu ? raw[k] : ref_outs[k];
+        if (o.attn >= 0) {
+            ref_attn<<<8, 256>>>(hattn[o.attn], o.in, o.out);
+            continue;
+        }
         ref_gemv<<<(o.rows + 7) / 8, 256>>>(wts[k], o);
         if (ops[k].glu) glu_kernel<<<(ops[k].out_n + 255) / 256, 256>>>(raw[k], ref_outs[k], ops[k].out_n);
     }
@@ -1232,6 +1479,7 @@ int main(int argc, char** argv) {
     for (int mode = 0; mode < 6; mode++) {
         if (!(mode_mask >> mode & 1)) continue;
         CK(cudaMemset(done, 0, n_ops * sizeof(unsigned)));
+        if (hcnt) CK(cudaMemset(hcnt, 0, (size_t)n_attn * 8 * sizeof(unsigned)));
         CK(cudaMemset(stamps, 0, 4 * n_ops * sizeof(unsigned long long)));
         Params prm;
         prm.ops = dops;
@@ -1240,6 +1488,7 @@ int main(int argc, char** argv) {
         prm.interleave = cfg.il;
         prm.sm_base = dbase;
         prm.done = done;
+        prm.attn = dattn;
         prm.mode = mode;
         prm.stamps = nullptr;
         unsigned epoch = 0;
@@ -1299,7 +1548,7 @@ int main(int argc, char** argv) {
             sync();
             std::vector<unsigned long long> st(4 * n_ops);
             CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
-            const char* kinds[] = {"qkv", "o", "gate_up", "down", "ple_gate", "ple_proj", "lm_head"};
+            const char* kinds[] = {"qkv", "attn", "o", "gate_up", "down", "ple_gate", "ple_proj", "lm_head"};
             printf("last SM, one step: per operation, µs from the previous operation's end (input wait "
                    "+ prologue + compute) / of which after the input was ready: inputs built, cells, publish\n");
             for (const char* kn : kinds) {
