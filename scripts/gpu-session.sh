@@ -63,8 +63,10 @@ run() {
     # its last GPU run.
     stage "streamed-step prototype"
     # Written after the eighth session's last GPU run: STEPPED=1 (cell-loop pointers stepped),
+    # KW1DIRECT=1 (no pass barrier with one warp per unit), POLLW=1 (every warp polls its input),
     # W16=1 (bf16 weights), --ctx N (attention between QKV and O), --tiny's fix.
-    BUILDS="A8=1 A8=1,STEPPED=1 A8=1 A8=1,STEPPED=1" PROTO_MODES=04 timeout 200 scripts/proto-stream.sh --iters 20 --chunks 8 > "$out/proto.log" 2>&1
+    BUILDS="A8=1 A8=1,STEPPED=1 A8=1,KW1DIRECT=1 A8=1,POLLW=1 A8=1,STEPPED=1,KW1DIRECT=1,POLLW=1 A8=1" \
+      PROTO_MODES=04 timeout 300 scripts/proto-stream.sh --iters 20 --chunks 8 > "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --ctx 640 >> "$out/proto.log" 2>&1

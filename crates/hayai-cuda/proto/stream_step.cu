@@ -209,6 +209,15 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 #ifndef STEPPED
 #define STEPPED 0
 #endif
+// POLLW=1: every consumer warp polls the input's counter itself instead of thread 0 and a block
+// barrier. KW1DIRECT=1: passes of one warp per unit store their rows from the warp, without the
+// pass barrier. Both written after the eighth session's last GPU run, not yet measured.
+#ifndef POLLW
+#define POLLW 0
+#endif
+#ifndef KW1DIRECT
+#define KW1DIRECT 0
+#endif
 // Nibbles at bits 0-3 and 16-19 as bf16x2 of (nibble - 8), exact (see gemv_mma.cu). With OFFSET
 // the subtraction is left out: the pair is bf16 (136 + q), exact, and the cell's sum is corrected
 // by 136 times the group's input sum, computed once per operation.
@@ -499,6 +508,24 @@ __device__ __forceinline__ uint2 a8_entry_quantize(float4 lo, float4 hi, float s
 // After a pass's barrier: the np units' rows (GeGLU'd when `glu`, whose S is 1) from the kw
 // slice sums each warp left in red[warp][16], added in slice order, written to out from unit
 // `tile0` on (unit u: rows of tile u % T in partial vector u / T).
+// KW1DIRECT: a unit's 16 rows from the one warp that computed them (rows g in acc_a, g + 8 in
+// acc_b of lanes 4 g), stored as pass_epilogue would (GeGLU: rows 2 j, 2 j + 1 of the tile are
+// gate and up of output j) but without the barrier.
+__device__ __forceinline__ void unit_store(const Op& op, int u, float acc_a, float acc_b, int lane) {
+    const int g = lane >> 2;
+    if (op.glu) {
+        const float na = __shfl_down_sync(0xffffffffu, acc_a, 4), nb = __shfl_down_sync(0xffffffffu, acc_b, 4);
+        if ((lane & 7) == 0) {
+            op.out[u * 8 + (g >> 1)] = gelu_tanh(acc_a) * na;
+            op.out[u * 8 + 4 + (g >> 1)] = gelu_tanh(acc_b) * nb;
+        }
+    } else if ((lane & 3) == 0) {
+        const int T = op.rows / 16;
+        op.out[u / T * op.rows + u % T * 16 + g] = acc_a;
+        op.out[u / T * op.rows + u % T * 16 + g + 8] = acc_b;
+    }
+}
+
 __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int kw, int tile0, int tid) {
     if (op.glu) {
         for (int i = tid; i < np * 8; i += NW * 32) {
@@ -768,8 +795,13 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         }
         // The input: wait for its producer, read it (L2, not L1: other SMs wrote it), normalize.
         if (P.mode == 0 && op.in_op >= 0) {
+#if POLLW
+            if (lane == 0) wait_operation(P, op.in_op);  // each warp on its own: no block barrier
+            __syncwarp();
+#else
             if (tid == 0) wait_operation(P, op.in_op);
             consumers_sync();
+#endif
         }
         if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[4 * k] = global_ns();
 #if A8
@@ -915,6 +947,11 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                     R.land(pos / CH_CELLS);
                     CELL(pos, gofs + grp);
                 }
+#if KW1DIRECT
+                if (q.kw == 1)
+                    unit_store(op, t0 + p * NW + ti, acc_a, acc_b, lane);
+                else
+#endif
                 if ((lane & 3) == 0) {
                     red[pc & 1][warp][lane >> 2] = acc_a;
                     red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
@@ -922,6 +959,9 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             }
             // Done with this pass's cells (or idle in it): let the ring move on before the barrier.
             R.release_to(pb + (unsigned)(q.np * G), lane);
+#if KW1DIRECT
+            if (q.kw == 1) continue;  // rows already stored by their warps: no barrier
+#endif
             consumers_sync();
             pass_epilogue(op, red[pc & 1], q.np, q.kw, t0 + p * NW, tid);
         }
