@@ -48,8 +48,9 @@ pub enum MatmulInputs {
     /// bf16(v) + bf16(v - bf16(v)): the GPU's precise prefill, which multiplies both parts.
     Bf16Pair,
     /// int8 with one scale per `group` consecutive columns of a row (symmetric, scale =
-    /// max |x| / 127, round to nearest): what an integer (DP4A) GEMV would multiply. For
-    /// measuring what such a kernel would cost in quality; no GPU kernel uses it yet.
+    /// max |x| / 127, round to nearest): what the GPU's int8-activation GEMVs multiply
+    /// (`--int8-activations`: DP4A or the integer tensor cores), and the twin they are checked
+    /// against.
     Int8 { group: usize },
     /// As `Int8`, with every input first moved one unit in the last place, up or down by a hash
     /// of its index: how far last-bit differences before the rounding (a GPU's summation order)
