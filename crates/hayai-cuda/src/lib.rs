@@ -9,6 +9,7 @@ pub mod check;
 mod device;
 pub mod quant;
 mod runner;
+pub mod stream_layout;
 pub mod synth;
 
 pub use bench::{bench_engine, BenchOptions, BenchReport, KernelTime};

@@ -1,0 +1,519 @@
+//! Per-SM weight streams for the streamed decode step (docs/streamed-step.md).
+//!
+//! Every GEMV of the step is cut into units (a 16-row tile's K slice), the units dealt out to the
+//! SMs in contiguous ranges, and each SM's cells written one after another in exactly the order
+//! its consumer warps take them, so that one producer warp per SM can stream them with bulk
+//! copies. This is the host side of `proto/stream_step.cu` (the layout it builds at load), here
+//! so that the engine's loader can produce it from its own weights; [`walk`] computes a GEMV back
+//! from the streams through the device's position formula and fragment order, which is what the
+//! tests hold the layout to. The kernel that consumes the streams is not in the engine yet.
+
+use crate::quant::{Int4Matrix, GROUP};
+
+/// Rows per cell (one `mma` tile).
+pub const CELL_ROWS: usize = 16;
+/// An SM's stream starts on a multiple of this many cells: 128-byte aligned for both formats
+/// (bulk copies from unaligned sources stream ~20% slower, proto/stream_rate.cu).
+pub const ALIGN_CELLS: usize = 8;
+
+/// How a cell stores its 16 rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CellFormat {
+    /// 16 x 128 int4 in the integer `mma.m16n8k32` fragment order (1,024 bytes), then the 16
+    /// rows' bf16 group scales.
+    Int4,
+    /// 16 x 64 bf16 in the `mma.m16n8k16` A-fragment order.
+    Bf16,
+}
+
+impl CellFormat {
+    pub fn bytes(self) -> usize {
+        match self {
+            CellFormat::Int4 => 1056,
+            CellFormat::Bf16 => 2048,
+        }
+    }
+    /// Columns per cell.
+    pub fn cols(self) -> usize {
+        match self {
+            CellFormat::Int4 => GROUP,
+            CellFormat::Bf16 => 64,
+        }
+    }
+}
+
+/// A GEMV's weights as the GPU holds them.
+#[derive(Clone, Copy, Debug)]
+pub enum Weights<'a> {
+    Int4(&'a Int4Matrix),
+    /// Row-major bf16 bits.
+    Bf16 {
+        rows: usize,
+        cols: usize,
+        bits: &'a [u16],
+    },
+}
+
+impl Weights<'_> {
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            Weights::Int4(m) => (m.rows, m.cols),
+            Weights::Bf16 { rows, cols, .. } => (*rows, *cols),
+        }
+    }
+    fn format(&self) -> CellFormat {
+        match self {
+            Weights::Int4(_) => CellFormat::Int4,
+            Weights::Bf16 { .. } => CellFormat::Bf16,
+        }
+    }
+}
+
+/// One GEMV of the chain: its weights and whether its rows are interleaved (gate, up) pairs,
+/// which must stay whole along K (the GeGLU needs full sums).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamOp<'a> {
+    pub weights: Weights<'a>,
+    pub glu: bool,
+}
+
+/// How one GEMV is cut and dealt out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpPlan {
+    pub rows: usize,
+    /// Cells per tile (K / cell columns).
+    pub groups: usize,
+    /// K slices per tile; unit `u` is slice `u / tiles` of tile `u % tiles` (slice-major, so an
+    /// SM's few units of an operation share one or two slices).
+    pub splits: usize,
+}
+
+impl OpPlan {
+    pub fn tiles(&self) -> usize {
+        self.rows / CELL_ROWS
+    }
+    pub fn units(&self) -> usize {
+        self.tiles() * self.splits
+    }
+    /// Cells per unit.
+    pub fn unit_groups(&self) -> usize {
+        self.groups / self.splits
+    }
+    /// SM `s`'s units: `[first, first + count)`.
+    pub fn sm_units(&self, n_sm: usize, s: usize) -> (usize, usize) {
+        let u = self.units();
+        let first = u * s / n_sm;
+        (first, u * (s + 1) / n_sm - first)
+    }
+}
+
+/// The K splits of a GEMV: the smallest of 1-4 whose largest per-SM share of cells is within 2%
+/// of the best (GeGLU rows: 1). Whole tiles leave some SMs up to 1.65x the average (E4B's down
+/// projection: 160 tiles on 132 SMs), and every operation waits for its slowest SM.
+pub fn k_splits(rows: usize, groups: usize, glu: bool, n_sm: usize) -> usize {
+    let tiles = rows / CELL_ROWS;
+    let mut best: Option<(usize, usize)> = None; // (largest share, splits)
+    for s in 1..=4 {
+        if groups % s != 0 || (glu && s > 1) {
+            continue;
+        }
+        let share = (tiles * s).div_ceil(n_sm) * (groups / s);
+        match best {
+            Some((b, _)) if share * 100 >= b * 98 => {}
+            _ => best = Some((share, s)),
+        }
+    }
+    best.map_or(1, |(_, s)| s)
+}
+
+/// A pass of an SM's units: `np` units taken together, `kw` warps per unit (`kw > 1` only when
+/// the SM has fewer units left than warps), each warp taking groups `r kw + slice` in round `r`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pass {
+    np: usize,
+    kw: usize,
+    rounds: usize,
+}
+
+fn pass_of(nt: usize, p: usize, groups: usize, warps: usize) -> Pass {
+    let np = (nt - p * warps).min(warps);
+    let kw = warps / np;
+    Pass {
+        np,
+        kw,
+        rounds: groups.div_ceil(kw),
+    }
+}
+
+/// The whole step's streams.
+#[derive(Clone, Debug)]
+pub struct Streams {
+    pub format: CellFormat,
+    pub n_sm: usize,
+    /// Consumer warps per SM the order was made for.
+    pub warps: usize,
+    pub ops: Vec<OpPlan>,
+    /// All SMs' cells; SM `s`'s stream starts at cell `sm_base[s]` (`n_sm + 1` entries; padding
+    /// cells between streams are zero).
+    pub bytes: Vec<u8>,
+    pub sm_base: Vec<usize>,
+}
+
+/// Builds every SM's stream for `ops` (one cell format for all of them) on `n_sm` SMs with
+/// `warps` consumer warps each.
+pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, String> {
+    let first = ops.first().ok_or("no operations")?;
+    let format = first.weights.format();
+    if n_sm == 0 || warps == 0 {
+        return Err("no SMs or no warps".into());
+    }
+    let mut plans = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let (rows, cols) = op.weights.shape();
+        if op.weights.format() != format {
+            return Err(format!(
+                "operation {i}: every operation needs the same cell format"
+            ));
+        }
+        if rows == 0 || rows % CELL_ROWS != 0 || cols == 0 || cols % format.cols() != 0 {
+            return Err(format!(
+                "operation {i}: {rows} x {cols} is not whole {CELL_ROWS} x {} cells",
+                format.cols()
+            ));
+        }
+        let groups = cols / format.cols();
+        plans.push(OpPlan {
+            rows,
+            groups,
+            splits: k_splits(rows, groups, op.glu, n_sm),
+        });
+    }
+    let cell = format.bytes();
+    let mut bytes = Vec::new();
+    let mut sm_base = Vec::with_capacity(n_sm + 1);
+    for s in 0..n_sm {
+        sm_base.push(bytes.len() / cell);
+        for (op, plan) in ops.iter().zip(&plans) {
+            for (tile, group) in sm_order(plan, n_sm, warps, s) {
+                let at = bytes.len();
+                bytes.resize(at + cell, 0);
+                encode_cell(&op.weights, tile, group, &mut bytes[at..]);
+            }
+        }
+        let pad = (bytes.len() / cell).next_multiple_of(ALIGN_CELLS) * cell;
+        bytes.resize(pad, 0);
+    }
+    sm_base.push(bytes.len() / cell);
+    Ok(Streams {
+        format,
+        n_sm,
+        warps,
+        ops: plans,
+        bytes,
+        sm_base,
+    })
+}
+
+/// SM `s`'s cells of one operation as (tile, group within the row) in the order its warps take
+/// them: passes of up to `warps` units, rounds, units, warp slices.
+fn sm_order(plan: &OpPlan, n_sm: usize, warps: usize, s: usize) -> Vec<(usize, usize)> {
+    let (u0, nt) = plan.sm_units(n_sm, s);
+    let gu = plan.unit_groups();
+    let mut out = Vec::with_capacity(nt * gu);
+    let mut p = 0;
+    while p * warps < nt {
+        let q = pass_of(nt, p, gu, warps);
+        for r in 0..q.rounds {
+            for ti in 0..q.np {
+                for sl in 0..q.kw {
+                    let g = r * q.kw + sl;
+                    if g < gu {
+                        let u = u0 + p * warps + ti;
+                        out.push((u % plan.tiles(), u / plan.tiles() * gu + g));
+                    }
+                }
+            }
+        }
+        p += 1;
+    }
+    out
+}
+
+/// Writes cell (tile, group) of `w` in its fragment order.
+fn encode_cell(w: &Weights, tile: usize, group: usize, out: &mut [u8]) {
+    match w {
+        Weights::Int4(m) => {
+            // Column k of the cell, row rr: word w = 2 (k / 32) + (k % 32) / 16 of lane
+            // 4 (rr % 8) + (k % 16) / 4, byte k % 4; rows 0-7 in the low nibble, 8-15 in the high.
+            for rr in 0..CELL_ROWS {
+                let row = tile * CELL_ROWS + rr;
+                for k in 0..GROUP {
+                    let (t, kk) = (k / 32, k % 32);
+                    let (word, lane) = (2 * t + kk / 16, 4 * (rr % 8) + (kk % 16) / 4);
+                    let byte = ((word / 4) * 32 + lane) * 16 + (word % 4) * 4 + kk % 4;
+                    let nib = (m.q(row, group * GROUP + k) + 8) as u8;
+                    out[byte] |= nib << (4 * (rr / 8));
+                }
+                let scale = m.scales[row * (m.cols / GROUP) + group];
+                out[1024 + 2 * rr..1024 + 2 * rr + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        Weights::Bf16 { cols, bits, .. } => {
+            // Column k, row rr: step k / 16 of lane 4 (rr % 8) + (k % 8) / 2, register
+            // rr / 8 + 2 ((k % 16) / 8), half k % 2.
+            for rr in 0..CELL_ROWS {
+                let row = tile * CELL_ROWS + rr;
+                for k in 0..64 {
+                    let (st, kk) = (k / 16, k % 16);
+                    let lane = 4 * (rr % 8) + (kk % 8) / 2;
+                    let reg = rr / 8 + 2 * (kk / 8);
+                    let byte = (st * 32 + lane) * 16 + reg * 4 + (kk % 2) * 2;
+                    let v = bits[row * cols + group * 64 + k];
+                    out[byte..byte + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// `W x` of operation `op` (rows before any GeGLU), computed from the streams alone: every SM's
+/// cells found where the device's position formula puts them, each decoded through the
+/// registers a lane reads, the units' K slices added in slice order. f32 products of the cells'
+/// values (int4: `q * scale`) with `x`.
+pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
+    let plan = &st.ops[op];
+    let cell = st.format.bytes();
+    let cols = st.format.cols();
+    assert_eq!(x.len(), plan.groups * cols, "input length");
+    let gu = plan.unit_groups();
+    let mut parts = vec![0.0f32; plan.splits * plan.rows];
+    for s in 0..st.n_sm {
+        // This operation's first cell in SM s's stream: the cells of the operations before it.
+        let before: usize = st.ops[..op]
+            .iter()
+            .map(|o| o.sm_units(st.n_sm, s).1 * o.unit_groups())
+            .sum();
+        let base = st.sm_base[s] + before;
+        let (u0, nt) = plan.sm_units(st.n_sm, s);
+        let mut p = 0;
+        while p * st.warps < nt {
+            let q = pass_of(nt, p, gu, st.warps);
+            let pb = base + p * st.warps * gu;
+            for warp in 0..q.np * q.kw {
+                let (ti, sl) = (warp / q.kw, warp % q.kw);
+                let u = u0 + p * st.warps + ti;
+                let (tile, slice) = (u % plan.tiles(), u / plan.tiles());
+                for r in 0..q.rounds {
+                    let g = r * q.kw + sl;
+                    if g >= gu {
+                        break;
+                    }
+                    // The kernel's position of round r's cell for this warp.
+                    let cnt = q.kw.min(gu - r * q.kw);
+                    let pos = pb + r * q.np * q.kw + ti * cnt + sl;
+                    let bytes = &st.bytes[pos * cell..(pos + 1) * cell];
+                    let xg = &x[(slice * gu + g) * cols..][..cols];
+                    let rows = decode_cell(st.format, bytes);
+                    for (rr, vals) in rows.iter().enumerate() {
+                        let dot: f32 = vals.iter().zip(xg).map(|(w, v)| w * v).sum();
+                        parts[slice * plan.rows + tile * CELL_ROWS + rr] += dot;
+                    }
+                }
+            }
+            p += 1;
+        }
+    }
+    (0..plan.rows)
+        .map(|r| (0..plan.splits).map(|j| parts[j * plan.rows + r]).sum())
+        .collect()
+}
+
+/// A cell's 16 rows of values, read the way the kernel's lanes read them.
+fn decode_cell(format: CellFormat, b: &[u8]) -> Vec<Vec<f32>> {
+    let word = |i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
+    let mut rows = vec![vec![0.0f32; format.cols()]; CELL_ROWS];
+    for lane in 0..32 {
+        let (g, c) = (lane / 4, lane % 4);
+        match format {
+            CellFormat::Int4 => {
+                // Lane (g, c) loads 16 bytes at [lane] and [32 + lane]: words ws[0..8]; word
+                // 2t + h, byte i: column 32 t + 16 h + 4 c + i of rows g (low nibble) and g + 8.
+                let ws: Vec<u32> = (0..8)
+                    .map(|w| word(((w / 4) * 32 + lane) * 4 + w % 4))
+                    .collect();
+                for (w, &v) in ws.iter().enumerate() {
+                    for i in 0..4 {
+                        let col = 32 * (w / 2) + 16 * (w % 2) + 4 * c + i;
+                        let byte = (v >> (8 * i)) & 0xFF;
+                        rows[g][col] = ((byte & 0xF) as i32 - 8) as f32;
+                        rows[g + 8][col] = ((byte >> 4) as i32 - 8) as f32;
+                    }
+                }
+            }
+            CellFormat::Bf16 => {
+                // Step s: registers a0..a3 = (row g, k 2c..), (g + 8, 2c..), (g, 8 + 2c..),
+                // (g + 8, 8 + 2c..) of columns 16 s + k.
+                for s in 0..4 {
+                    for reg in 0..4 {
+                        let v = word((s * 32 + lane) * 4 + reg);
+                        let row = g + 8 * (reg % 2);
+                        let col = 16 * s + 8 * (reg / 2) + 2 * c;
+                        rows[row][col] = f32::from_bits((v & 0xFFFF) << 16);
+                        rows[row][col + 1] = f32::from_bits(v & 0xFFFF_0000);
+                    }
+                }
+            }
+        }
+    }
+    if format == CellFormat::Int4 {
+        for (rr, row) in rows.iter_mut().enumerate() {
+            let sc = u16::from_le_bytes([b[1024 + 2 * rr], b[1025 + 2 * rr]]);
+            let s = f32::from_bits((sc as u32) << 16);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::quantize_int4;
+    use hayai_model::Matrix;
+
+    fn matrix(rows: usize, cols: usize, seed: u64) -> Matrix {
+        let mut h = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let data = (0..rows * cols)
+            .map(|_| {
+                h ^= h << 13;
+                h ^= h >> 7;
+                h ^= h << 17;
+                (h % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect();
+        Matrix::from_f32(rows, cols, data)
+    }
+
+    fn input(n: usize) -> Vec<f32> {
+        (0..n).map(|i| (0.37 * i as f32).sin() + 0.1).collect()
+    }
+
+    fn gemv(w: &Matrix, x: &[f32]) -> Vec<f32> {
+        (0..w.rows)
+            .map(|r| w.row(r).iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f32]) -> bool {
+        let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+        (num / den.max(1e-30)).sqrt() < 1e-5
+    }
+
+    // Shapes that exercise every path: one unit per SM or several, passes with kw > 1 warps per
+    // unit and a partial last round, K splits, a GeGLU op, SMs without units.
+    const SHAPES: [(usize, usize, bool); 5] = [
+        (160, 1280, false),
+        (48, 512, false),
+        (320, 256, true),
+        (16, 384, false),
+        (96, 2048, false),
+    ];
+
+    #[test]
+    fn int4_streams_walk_back_to_the_plain_gemv() {
+        let mats: Vec<Int4Matrix> = SHAPES
+            .iter()
+            .enumerate()
+            .map(|(i, &(r, c, _))| quantize_int4(&matrix(r, c, i as u64 + 1)))
+            .collect();
+        let ops: Vec<StreamOp> = mats
+            .iter()
+            .zip(SHAPES)
+            .map(|(m, (_, _, glu))| StreamOp {
+                weights: Weights::Int4(m),
+                glu,
+            })
+            .collect();
+        for (n_sm, warps) in [(7, 4), (13, 12), (40, 8)] {
+            let st = build(&ops, n_sm, warps).unwrap();
+            assert!(st.sm_base.iter().all(|b| b % ALIGN_CELLS == 0));
+            for (i, m) in mats.iter().enumerate() {
+                let x = input(m.cols);
+                let got = walk(&st, i, &x);
+                let want = gemv(&m.dequantize(), &x);
+                assert!(close(&got, &want), "op {i}, {n_sm} SMs x {warps} warps");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_streams_walk_back_to_the_plain_gemv() {
+        let mats: Vec<(usize, usize, Vec<u16>)> = SHAPES
+            .iter()
+            .enumerate()
+            .map(|(i, &(r, c, _))| {
+                (
+                    r,
+                    c,
+                    crate::quant::to_bf16_bits(&matrix(r, c, i as u64 + 11)),
+                )
+            })
+            .collect();
+        let ops: Vec<StreamOp> = mats
+            .iter()
+            .zip(SHAPES)
+            .map(|((rows, cols, bits), (_, _, glu))| StreamOp {
+                weights: Weights::Bf16 {
+                    rows: *rows,
+                    cols: *cols,
+                    bits,
+                },
+                glu,
+            })
+            .collect();
+        let st = build(&ops, 13, 12).unwrap();
+        for (i, (rows, cols, bits)) in mats.iter().enumerate() {
+            let x = input(*cols);
+            let w = Matrix::from_bf16_bits(*rows, *cols, bits.clone());
+            assert!(close(&walk(&st, i, &x), &gemv(&w, &x)), "op {i}");
+        }
+    }
+
+    #[test]
+    fn k_splits_even_out_the_shares() {
+        // E4B's down projection on 132 SMs: 160 tiles leave 28 SMs two; 4 slices of 20 groups
+        // bring the largest share from 160 to 100 cells (the average is 97).
+        assert_eq!(k_splits(2560, 80, false, 132), 4);
+        assert_eq!(k_splits(20480, 20, true, 132), 1); // GeGLU rows stay whole
+        assert_eq!(k_splits(262144, 20, false, 132), 1); // lm_head: already within 2%
+    }
+
+    #[test]
+    fn bad_shapes_and_mixed_formats_are_errors() {
+        let m = quantize_int4(&matrix(24, 128, 3));
+        let op = StreamOp {
+            weights: Weights::Int4(&m),
+            glu: false,
+        };
+        assert!(build(&[op], 4, 4).is_err()); // 24 rows: not whole tiles
+        let a = quantize_int4(&matrix(16, 128, 4));
+        let bits = vec![0u16; 16 * 64];
+        let mixed = [
+            StreamOp {
+                weights: Weights::Int4(&a),
+                glu: false,
+            },
+            StreamOp {
+                weights: Weights::Bf16 {
+                    rows: 16,
+                    cols: 64,
+                    bits: &bits,
+                },
+                glu: false,
+            },
+        ];
+        assert!(build(&mixed, 4, 4).is_err());
+        assert!(build(&[], 4, 4).is_err());
+    }
+}
