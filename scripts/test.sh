@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: set-up, the real model, every Rust test (unit, property, integration,
-# real-model checks against llama.cpp and transformers fixtures), lint, and the official
-# `openai` Python client against a live hayai server on the real model.
+# real-model checks against llama.cpp and transformers fixtures), lint, the GPU prototypes'
+# compilation, and the official `openai` Python client against a live hayai server on the real
+# model.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -11,6 +12,8 @@ cargo build --release -p hayai
 target/release/hayai fetch-model --verify
 cargo test --release --workspace
 cargo clippy --release --workspace --all-targets -- -D warnings
+# (with HAYAI_NO_CUDA=1 there is no nvcc, and no kernel is compiled either)
+[ "${HAYAI_NO_CUDA:-0}" = "1" ] || scripts/check-protos.sh
 
 # The official OpenAI client against our server on the real model.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
