@@ -399,15 +399,13 @@ mod tests {
     }
 
     fn gemv(w: &Matrix, x: &[f32]) -> Vec<f32> {
-        (0..w.rows)
-            .map(|r| w.row(r).iter().zip(x).map(|(a, b)| a * b).sum())
-            .collect()
+        let mut y = vec![0.0; w.rows];
+        w.matvec(x, &mut y);
+        y
     }
 
     fn close(a: &[f32], b: &[f32]) -> bool {
-        let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-        let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-        (num / den.max(1e-30)).sqrt() < 1e-5
+        crate::check::compare_rows(&[a.to_vec()], &[b.to_vec()]).2 < 1e-5
     }
 
     // Shapes that exercise every path: one unit per SM or several, passes with kw > 1 warps per
