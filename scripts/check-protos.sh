@@ -22,9 +22,11 @@ build() {  # ARCH FILE [DEFINES...]
 }
 for arch in sm_90 sm_86; do
   build "$arch" stream_rate.cu
+  build "$arch" link_rate.cu
   build "$arch" stream_step.cu -DA8=1
   build "$arch" stream_step.cu -DW16=1
 done
 build sm_90 stream_step.cu -DA8=1 -DSTEPPED=1 -DKW1DIRECT=1 -DPOLLW=1
 build sm_90 stream_step.cu -DNW=8 -DOFFSET=1
+build sm_90 stream_step.cu -DA8=1 -DOPSMEM=0
 echo "prototypes compile ($n builds)"

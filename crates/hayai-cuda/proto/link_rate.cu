@@ -1,0 +1,248 @@
+// What does one link of the decode chain cost — every SM writes its rows of a vector, then every
+// SM reads the whole vector — when the SMs are persistent and pass it through global memory?
+// The streamed-step prototype (stream_step.cu) pays ~3.4 us per operation with almost no bytes
+// (`--tiny`); this isolates the hand-over from everything else and compares ways to do it:
+//
+//   counter : the prototype's: block barrier, one release add per SM to a per-round counter,
+//             thread 0 polls it with acquire loads, block barrier, then the vector is read.
+//   flags   : block barrier, one release store per SM into its own flag word of the round;
+//             warp 0 polls all SMs' flags (a few cache lines), block barrier, then the read.
+//   ll      : no barrier and no fence: every value travels with the round's tag in the same
+//             8-byte word (NCCL's "LL" idea), so reading the vector is the wait: each thread
+//             spins on its words until their tags are the round's.
+//   llc     : ll's tagged words, and a per-round counter as a hint of when to read them: a
+//             relaxed add after the block's stores (no barrier, no fence), thread 0 polls it
+//             with relaxed loads, then the words are read (and read again while any tag is stale).
+//   none    : no synchronization (the values are stale and counted as wrong): the read alone.
+//
+// Each round: the rows a block owns are written (value = row + round + a term that is 0 when
+// the previous round's reads were all right, so the chain is a real dependency), then the whole
+// vector is read, every value checked, and summed by the block. Prints us per round (the
+// difference of two run lengths, so the launch is not counted) and the wrong reads.
+//
+// Usage (GPU machine): nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/lr link_rate.cu && /tmp/lr
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <utility>
+
+#include "proto.cuh"
+
+enum Scheme { COUNTER, FLAGS, LL, NONE, LLC };
+
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// 16 bytes: two tagged words, each read whole (8-byte single-copy atomicity per half).
+__device__ __forceinline__ ulonglong2 ld_relaxed_u128(const ulonglong2* p) {
+    ulonglong2 v;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Block-wide sum (fixed order), every thread gets it.
+__device__ float block_sum(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();  // red[] free (the previous call's readers are done)
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < nw; w++) s += red[w];
+    return s;
+}
+
+// vec: per round, n floats (counter/flags/none) or n tagged words (ll). sync: per round, the
+// counter (1 word) or the flags (nsm words). bad: wrong reads, summed over blocks.
+template <int SCHEME, int J>
+__global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* sync, int n, int rounds, int nap,
+                            unsigned* bad) {
+    __shared__ float red[32];
+    const int s = blockIdx.x, nsm = gridDim.x, tid = threadIdx.x, T = blockDim.x;
+    const int r0 = (int)((long long)n * s / nsm), r1 = (int)((long long)n * (s + 1) / nsm);
+    unsigned wrong = 0;
+    float prev_ok = 0.f;  // 0 when the previous round read everything right
+    for (int k = 0; k < rounds; k++) {
+        // Write this block's rows.
+        for (int r = r0 + tid; r < r1; r += T) {
+            const float v = (float)(r + k) + prev_ok;
+            if (SCHEME == LL || SCHEME == LLC)
+                st_relaxed_u64(llvec + (size_t)k * n + r, (unsigned long long)(k + 1) << 32 | __float_as_uint(v));
+            else
+                __stcg(vec + (size_t)k * n + r, v);
+        }
+        // Publish and wait.
+        if (SCHEME == COUNTER) {
+            __syncthreads();
+            if (tid == 0) {
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + k) : "memory");
+                while (ld_acquire_u32(sync + k) < (unsigned)nsm)
+                    if (nap) __nanosleep(nap);
+            }
+            __syncthreads();
+        } else if (SCHEME == LLC) {
+            // No fence: the tags, not the counter, say whether a word is this round's.
+            __syncthreads();
+            if (tid == 0) {
+                asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(sync + k) : "memory");
+                while (ld_relaxed_u32(sync + k) < (unsigned)nsm)
+                    if (nap) __nanosleep(nap);
+            }
+            __syncthreads();
+        } else if (SCHEME == FLAGS) {
+            unsigned* f = sync + (size_t)k * nsm;
+            __syncthreads();
+            if (tid == 0) asm volatile("st.release.gpu.global.u32 [%0], 1;" ::"l"(f + s) : "memory");
+            if (tid < 32) {
+                // Relaxed loads, all in flight at once, then one acquire fence.
+                for (;;) {
+                    bool all = true;
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        if (tid + 32 * j < nsm) all &= ld_relaxed_u32(f + tid + 32 * j) != 0u;
+                    if (__all_sync(0xffffffffu, all)) break;
+                    if (nap) __nanosleep(nap);
+                }
+                asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            }
+            __syncthreads();
+        }
+        // Read and check the whole vector: every thread's loads issued together (J per thread,
+        // 16 bytes each: 4 floats, or 2 tagged words), so a read costs about one L2 round trip.
+        float sum = 0.f;
+        if (SCHEME == LL || SCHEME == LLC) {
+            const ulonglong2* p = (const ulonglong2*)(llvec + (size_t)k * n);
+            ulonglong2 w[J];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int c = tid + j * T;
+                if (c < n / 2) w[j] = ld_relaxed_u128(p + c);
+            }
+            // Until every word carries this round's tag: the stale ones read again, together.
+            const unsigned tag = (unsigned)(k + 1);
+            for (;;) {
+                bool all = true;
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    if (tid + j * T < n / 2) all &= (unsigned)(w[j].x >> 32) == tag && (unsigned)(w[j].y >> 32) == tag;
+                if (all) break;
+                if (nap) __nanosleep(nap);
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const int c = tid + j * T;
+                    if (c < n / 2 && ((unsigned)(w[j].x >> 32) != tag || (unsigned)(w[j].y >> 32) != tag))
+                        w[j] = ld_relaxed_u128(p + c);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int c = tid + j * T;
+                if (c < n / 2) {
+                    const float a = __uint_as_float((unsigned)w[j].x), b = __uint_as_float((unsigned)w[j].y);
+                    wrong += (a != (float)(2 * c + k)) + (b != (float)(2 * c + 1 + k));
+                    sum += (a - (float)(2 * c + k)) + (b - (float)(2 * c + 1 + k));
+                }
+            }
+        } else {
+            const float4* p = (const float4*)(vec + (size_t)k * n);
+            float4 v[J];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int c = tid + j * T;
+                if (c < n / 4) v[j] = __ldcg(p + c);
+            }
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int c = tid + j * T;
+                if (c < n / 4) {
+                    const float e = (float)(4 * c + k);
+                    wrong += (v[j].x != e) + (v[j].y != e + 1.f) + (v[j].z != e + 2.f) + (v[j].w != e + 3.f);
+                    sum += (v[j].x - e) + (v[j].y - (e + 1.f)) + (v[j].z - (e + 2.f)) + (v[j].w - (e + 3.f));
+                }
+            }
+        }
+        prev_ok = block_sum(sum, red);  // 0 if every block's rows were right
+    }
+    if (wrong) atomicAdd(bad, wrong);
+}
+
+int main(int argc, char** argv) {
+    int n = 2560, threads = 384, nap = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--nap") && i + 1 < argc) nap = atoi(argv[++i]);
+        else { fprintf(stderr, "usage: %s [--n N] [--threads T] [--nap NS]\n", argv[0]); return 2; }
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const int P = prop.multiProcessorCount;
+    if (n % 4 || n / 2 > 16 * threads) { fprintf(stderr, "--n: a multiple of 4, at most 32 x threads\n"); return 2; }
+    const int R1 = 200, R2 = 1200;
+    float* vec;
+    unsigned long long* llvec;
+    unsigned *sync, *bad;
+    CK(cudaMalloc(&vec, (size_t)R2 * n * 4));
+    CK(cudaMalloc(&llvec, (size_t)R2 * n * 8));
+    CK(cudaMalloc(&sync, (size_t)R2 * P * 4));
+    CK(cudaMalloc(&bad, 4));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    printf("device: %s, %d SMs; vector of %d floats, %d threads per block, poll nap %d ns\n", prop.name, P, n,
+           threads, nap);
+    const char* names[] = {"counter", "flags", "ll", "none", "llc"};
+    for (int scheme = 0; scheme < 5; scheme++) {
+        auto launch = [&](int rounds) {
+            CK(cudaMemset(vec, 0, (size_t)R2 * n * 4));
+            CK(cudaMemset(llvec, 0, (size_t)R2 * n * 8));
+            CK(cudaMemset(sync, 0, (size_t)R2 * P * 4));
+            CK(cudaMemset(bad, 0, 4));
+            CK(cudaEventRecord(e0));
+            switch (scheme) {
+            case COUNTER: link_rounds<COUNTER, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            case FLAGS: link_rounds<FLAGS, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            case LL: link_rounds<LL, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            case LLC: link_rounds<LLC, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            default: link_rounds<NONE, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            }
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaGetLastError());
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            unsigned hb;
+            CK(cudaMemcpy(&hb, bad, 4, cudaMemcpyDeviceToHost));
+            return std::make_pair((double)ms, hb);
+        };
+        launch(R1);  // warm-up
+        double best = 1e30;
+        unsigned wrong = 0;
+        for (int rep = 0; rep < 5; rep++) {
+            const auto a = launch(R1), b = launch(R2);
+            best = std::min(best, (b.first - a.first) * 1e3 / (R2 - R1));
+            wrong += a.second + b.second;
+        }
+        printf("%-8s: %.3f us per link, wrong reads %u%s\n", names[scheme], best, wrong,
+               scheme == NONE ? " (unsynchronized: expected)" : wrong ? "  <-- FAIL" : "");
+    }
+    return 0;
+}
