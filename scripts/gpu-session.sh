@@ -11,8 +11,8 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: the streamed-step prototype's variants written after the last GPU run
-#         (scripts/proto-stream.sh; nvcc there, ~3 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         pending: the streamed-step prototype's measurements (link cost, cell rate, the
+#         default against OPSMEM=0, --tiny, --ctx, W16; scripts/proto-stream.sh; nvcc there, ~3 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -59,19 +59,19 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has pending; then
-    # The streamed-step prototype (docs/performance.md, eighth session): what was written after
-    # its last GPU run.
+    # The streamed-step prototype and the link benchmark (docs/performance.md, ninth session):
+    # the cost of one link (proto/link_rate.cu), the consumers' arithmetic alone (--cell-rate),
+    # the default build against OPSMEM=0 (default first and last), --tiny, bf16 weights (W16),
+    # attention in the chain (--ctx 640).
     stage "streamed-step prototype"
-    # Written after the eighth session's last GPU run: STEPPED=1 (cell-loop pointers stepped),
-    # KW1DIRECT=1 (no pass barrier with one warp per unit), POLLW=1 (every warp polls its input),
-    # W16=1 (bf16 weights), --ctx N (attention between QKV and O), --tiny's fix.
-    BUILDS="A8=1 A8=1,STEPPED=1 A8=1,KW1DIRECT=1 A8=1,POLLW=1 A8=1,STEPPED=1,KW1DIRECT=1,POLLW=1 A8=1" \
-      PROTO_MODES=04 timeout 300 scripts/proto-stream.sh --iters 20 --chunks 8 > "$out/proto.log" 2>&1
+    local P=crates/hayai-cuda/proto
+    nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/link_rate "$P/link_rate.cu" && \
+      { /tmp/link_rate --n 2560; /tmp/link_rate --n 10240; } > "$out/proto.log" 2>&1
+    BUILDS="A8=1 A8=1,OPSMEM=0 A8=1" PROTO_MODES=04 timeout 300 scripts/proto-stream.sh --iters 20 --chunks 8 >> "$out/proto.log" 2>&1
+    BUILDS="A8=1 W16=1" timeout 120 scripts/proto-stream.sh --cell-rate >> "$out/proto.log" 2>&1
+    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --tiny >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
-    BUILDS="W16=1" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
-    BUILDS="W16=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --ctx 640 >> "$out/proto.log" 2>&1
-    BUILDS="A8=1,NW=8" PROTO_MODES=0245 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 8 >> "$out/proto.log" 2>&1
-    BUILDS="A8=1" PROTO_MODES=04 timeout 60 scripts/proto-stream.sh --iters 10 --chunks 8 --tiny >> "$out/proto.log" 2>&1
+    BUILDS="W16=1" PROTO_MODES=025 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
   fi

@@ -4,10 +4,12 @@
 # (default "A8=1"; e.g. BUILDS="A8=1 NW=8 NW=8,OFFSET=1 A8=1,NP=2 W16=1": W4A8, consumer warps,
 # offset-binary nibbles, producer warps, bf16 weights).
 # Prints each configuration's step time in six modes (full chain, no input waits, stream only,
-# compute only, cells only, producer only; PROTO_MODES=0245 picks some), the check against the plain GEMV chain
+# compute only, cells only, producer only; PROTO_MODES=0245 picks some), the check of every
+# operation against a reference applied to the chain's own input
 # and a per-operation breakdown; `--tiny` shrinks every operation to one 16 x 128 tile per SM (the
 # chain's own cost per operation), `--ctx N` puts attention over an N-position KV cache between
-# QKV and O, `--chunks N` keeps the N-chunk rings only, PROTO_COPY=bulk|
+# QKV and O, `--cell-rate` measures the consumers' arithmetic alone (no ring, no chain),
+# `--chunks N` keeps the N-chunk rings only, PROTO_COPY=bulk|
 # cp.async|both the producers' copy engine (default bulk where there is TMA), PROTO_BALANCE=0
 # keeps tiles whole (by default they are split along K so every SM streams about the same bytes
 # per operation).
