@@ -227,7 +227,7 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // OPSMEM=1 (default): the operation records are copied into shared memory once per launch and
 // each SM works out its share of every operation there (units, input groups, first pass, first
 // unit's slice: SmOp), so the per-operation path loads no record from global memory and divides
-// nothing. Measured (ninth session): full chain 1.710 -> 1.654 ms, `--tiny` 3.66 -> 3.27 µs per
+// nothing. Measured (ninth session): full chain 1.710 -> 1.641 ms, `--tiny` 3.66 -> 3.21 µs per
 // operation. OPSMEM=0: the record from global memory and the divisions per operation.
 #ifndef OPSMEM
 #define OPSMEM 1
@@ -558,7 +558,8 @@ __device__ __forceinline__ void unit_store(const Op& op, int u, float acc_a, flo
     }
 }
 
-__device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int kw, int tile0, int tid) {
+__device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int kw, int tile0, int tid,
+                              const SmOp* so, int idx0) {
     if (op.glu) {
         for (int i = tid; i < np * 8; i += NW * 32) {
             const int ti = i >> 3, j = i & 7;
@@ -578,7 +579,14 @@ __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int 
 #pragma unroll
             for (int sl = 0; sl < NW; sl++)
                 if (sl < kw) sum += red[ti * kw + sl][row];
+#if OPSMEM
+            int slice, tile;  // without a division (u = so.t0 + idx0 + ti)
+            unit_at(*so, op.rows >> 4, idx0 + ti, slice, tile);
+            (void)u;
+            op.out[slice * op.rows + tile * 16 + row] = sum;  // partial vector `slice`
+#else
             op.out[u / (op.rows / 16) * op.rows + u % (op.rows / 16) * 16 + row] = sum;  // partial vector u / T
+#endif
         }
     }
 }
@@ -1063,7 +1071,11 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 4] = stamp_now();
             consumers_sync();
             if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 5] = stamp_now();
-            pass_epilogue(op, red[pc & 1], q.np, q.kw, t0 + p * NW, tid);
+#if OPSMEM
+            pass_epilogue(op, red[pc & 1], q.np, q.kw, t0 + p * NW, tid, &so, p * NW);
+#else
+            pass_epilogue(op, red[pc & 1], q.np, q.kw, t0 + p * NW, tid, nullptr, 0);
+#endif
         }
         R.release_to(next_base, lane);
         if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 2] = stamp_now();
