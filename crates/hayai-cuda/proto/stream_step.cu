@@ -632,23 +632,40 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
     const float qs = consumers_rms_scale(ss, hd, sm.red, warp, lane) * rsqrtf((float)hd);
     consumers_sync();
     if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 1] = stamp_now();
-    // Scores: a warp per key, 8 bf16 per lane per 256 columns.
-    for (int i = warp; i < nk; i += NW) {
-        const __nv_bfloat16* kr = a.kc + ((size_t)kvh * a.ctx + k0 + i) * hd;
-        float dot = 0.f;
-        for (int d0 = lane * 8; d0 < hd; d0 += 256) {
-            const uint4 w = __ldg((const uint4*)(kr + d0));
-            const __nv_bfloat162* w2 = (const __nv_bfloat162*)&w;
+    // Scores: a warp per key, 8 bf16 per lane per 256 columns; two keys per warp loaded together
+    // (fewer dependent memory round trips per split; more would spill registers in the step).
+    constexpr int KB = 2;
+    for (int i0 = warp; i0 < nk; i0 += NW * KB) {
+        uint4 w[KB][2];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 f = __bfloat1622float2(w2[e]);
-                dot = fmaf(f.x, sm.q[d0 + 2 * e], dot);
-                dot = fmaf(f.y, sm.q[d0 + 2 * e + 1], dot);
-            }
+        for (int r = 0; r < KB; r++) {
+            const int i = i0 + r * NW;
+            const __nv_bfloat16* kr = a.kc + ((size_t)kvh * a.ctx + k0 + i) * hd;
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                if (i < nk && lane * 8 + c * 256 < hd) w[r][c] = __ldg((const uint4*)(kr + lane * 8 + c * 256));
         }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if (lane == 0) sm.sc[i] = dot * qs;
+        for (int r = 0; r < KB; r++) {
+            const int i = i0 + r * NW;
+            if (i >= nk) break;  // warp-uniform
+            float dot = 0.f;
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int d0 = lane * 8 + c * 256;
+                if (d0 >= hd) break;
+                const __nv_bfloat162* w2 = (const __nv_bfloat162*)&w[r][c];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __bfloat1622float2(w2[e]);
+                    dot = fmaf(f.x, sm.q[d0 + 2 * e], dot);
+                    dot = fmaf(f.y, sm.q[d0 + 2 * e + 1], dot);
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            if (lane == 0) sm.sc[i] = dot * qs;
+        }
     }
     consumers_sync();
     if (warp == 0) {  // softmax over the split's keys
@@ -674,7 +691,15 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
     for (int d = tid; d < hd; d += NW * 32) {
         const __nv_bfloat16* vr = a.vc + ((size_t)kvh * a.ctx + k0) * hd + d;
         float acc = 0.f;
-        for (int i = 0; i < nk; i++) acc = fmaf(sm.sc[i], __bfloat162float(vr[(size_t)i * hd]), acc);
+        int i = 0;
+        for (; i + 8 <= nk; i += 8) {  // eight loads in flight, the sum in key order as before
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = __bfloat162float(vr[(size_t)(i + e) * hd]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc = fmaf(sm.sc[i + e], v[e], acc);
+        }
+        for (; i < nk; i++) acc = fmaf(sm.sc[i], __bfloat162float(vr[(size_t)i * hd]), acc);
         a.part[(size_t)item * hd + d] = acc;
     }
     if (tid == 0) {
@@ -695,15 +720,28 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
     }
     if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 2] = stamp_now();
     // Merge the head's splits in split order.
+    // The splits' (m, l) through shared memory (one load each), then every thread's partials in
+    // flight together; sums in split order as before.
     const int i0 = h * a.splits;
+    constexpr int MS = 16;  // splits at most (checked on the host)
+    if (tid < a.splits) {
+        sm.sc[2 * tid] = __ldcg(a.ml + 2 * (i0 + tid));
+        sm.sc[2 * tid + 1] = __ldcg(a.ml + 2 * (i0 + tid) + 1);
+    }
+    consumers_sync();
     float M = -INFINITY;
-    for (int t = 0; t < a.splits; t++) M = fmaxf(M, __ldcg(a.ml + 2 * (i0 + t)));
+    for (int t = 0; t < a.splits; t++) M = fmaxf(M, sm.sc[2 * t]);
     float L = 0.f;
-    for (int t = 0; t < a.splits; t++) L += __expf(__ldcg(a.ml + 2 * (i0 + t)) - M) * __ldcg(a.ml + 2 * (i0 + t) + 1);
+    for (int t = 0; t < a.splits; t++) L += __expf(sm.sc[2 * t] - M) * sm.sc[2 * t + 1];
     for (int d = tid; d < hd; d += NW * 32) {
+        float pv[MS];
+#pragma unroll
+        for (int t = 0; t < MS; t++)
+            if (t < a.splits) pv[t] = __ldcg(a.part + (size_t)(i0 + t) * hd + d);
         float acc = 0.f;
-        for (int t = 0; t < a.splits; t++)
-            acc += __expf(__ldcg(a.ml + 2 * (i0 + t)) - M) * __ldcg(a.part + (size_t)(i0 + t) * hd + d);
+#pragma unroll
+        for (int t = 0; t < MS; t++)
+            if (t < a.splits) acc += __expf(sm.sc[2 * t] - M) * pv[t];
         op.out[h * hd + d] = acc / L;
     }
     consumers_sync();
@@ -1594,6 +1632,7 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(dops, hops.data(), n_ops * sizeof(Op), cudaMemcpyHostToDevice));
     // Attention: bf16 caches (random, pre-filled), the split scratch, the per-head counters.
     const int n_attn = (int)attn_layer.size(), splits = P / 8;
+    if (n_attn > 0 && splits > 16) { fprintf(stderr, "attention: at most 16 splits per head here\n"); return 2; }
     std::vector<AttnOp> hattn(n_attn);
     AttnOp* dattn = nullptr;
     unsigned* hcnt = nullptr;
