@@ -6,7 +6,10 @@
 //! copies. This is the host side of `proto/stream_step.cu` (the layout it builds at load), here
 //! so that the engine's loader can produce it from its own weights; [`walk`] computes a GEMV back
 //! from the streams through the device's position formula and fragment order, which is what the
-//! tests hold the layout to. The kernel that consumes the streams is not in the engine yet.
+//! tests hold the layout to. [`Streams::sm_shares`] gives each SM its share of every operation
+//! (units, input slices, first pass, first cell) so the kernel need not work them out per
+//! operation; [`walk`] reads through those shares. The kernel that consumes the streams is not in
+//! the engine yet.
 
 use crate::quant::{Int4Matrix, GROUP};
 
@@ -276,6 +279,79 @@ fn encode_cell(w: &Weights, tile: usize, group: usize, out: &mut [u8]) {
     }
 }
 
+/// What one SM needs of one operation, worked out on the host so that the kernel's
+/// per-operation path divides nothing and loads nothing it could have been given (the
+/// prototype's `SmOp`, `OPSMEM` in proto/stream_step.cu: 3.66 -> 3.21 µs per link). 32-bit
+/// fields in a fixed order: uploaded as is, one array per SM.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SmShare {
+    /// The SM's units: `[first_unit, first_unit + units)`.
+    pub first_unit: u32,
+    pub units: u32,
+    /// The K slices those units read, `first_slice..=last_slice` (the input groups the SM builds
+    /// when its input needs no norm over the whole vector).
+    pub first_slice: u32,
+    pub last_slice: u32,
+    /// The first pass: `np` units, `kw` warps per unit, `rounds` rounds.
+    pub np: u32,
+    pub kw: u32,
+    pub rounds: u32,
+    /// The first unit's tile within its slice (`first_unit % tiles`).
+    pub first_tile: u32,
+    /// The operation's first cell, counted from the start of the SM's stream.
+    pub first_cell: u32,
+}
+
+/// Unit `first_unit + idx`'s (K slice, tile), found by stepping from the first unit's as the
+/// kernel does (slice-major numbering: the slice advances each time the tile passes `tiles`).
+pub fn unit_at(share: &SmShare, tiles: usize, idx: usize) -> (usize, usize) {
+    let mut slice = share.first_slice as usize;
+    let mut tile = share.first_tile as usize + idx;
+    while tile >= tiles {
+        tile -= tiles;
+        slice += 1;
+    }
+    (slice, tile)
+}
+
+impl Streams {
+    /// SM `s`'s share of every operation, in operation order.
+    pub fn sm_shares(&self, s: usize) -> Vec<SmShare> {
+        let mut cell = 0usize;
+        self.ops
+            .iter()
+            .map(|plan| {
+                let (u0, nt) = plan.sm_units(self.n_sm, s);
+                let gu = plan.unit_groups();
+                let tiles = plan.tiles();
+                let q = if nt > 0 {
+                    pass_of(nt, 0, gu, self.warps)
+                } else {
+                    Pass {
+                        np: 0,
+                        kw: 0,
+                        rounds: 0,
+                    }
+                };
+                let share = SmShare {
+                    first_unit: u0 as u32,
+                    units: nt as u32,
+                    first_slice: (u0 / tiles) as u32,
+                    last_slice: ((u0 + nt.max(1) - 1) / tiles) as u32,
+                    np: q.np as u32,
+                    kw: q.kw as u32,
+                    rounds: q.rounds as u32,
+                    first_tile: (u0 % tiles) as u32,
+                    first_cell: cell as u32,
+                };
+                cell += nt * gu;
+                share
+            })
+            .collect()
+    }
+}
+
 /// `W x` of operation `op` (rows before any GeGLU), computed from the streams alone: every SM's
 /// cells found where the device's position formula puts them, each decoded through the
 /// registers a lane reads, the units' K slices added in slice order. f32 products of the cells'
@@ -288,21 +364,30 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
     let gu = plan.unit_groups();
     let mut parts = vec![0.0f32; plan.splits * plan.rows];
     for s in 0..st.n_sm {
-        // This operation's first cell in SM s's stream: the cells of the operations before it.
-        let before: usize = st.ops[..op]
-            .iter()
-            .map(|o| o.sm_units(st.n_sm, s).1 * o.unit_groups())
-            .sum();
-        let base = st.sm_base[s] + before;
-        let (u0, nt) = plan.sm_units(st.n_sm, s);
+        // Everything per SM from its share, as the kernel gets it: no divisions below.
+        let share = st.sm_shares(s)[op];
+        let base = st.sm_base[s] + share.first_cell as usize;
+        let nt = share.units as usize;
         let mut p = 0;
         while p * st.warps < nt {
-            let q = pass_of(nt, p, gu, st.warps);
+            let q = if p == 0 {
+                Pass {
+                    np: share.np as usize,
+                    kw: share.kw as usize,
+                    rounds: share.rounds as usize,
+                }
+            } else {
+                pass_of(nt, p, gu, st.warps)
+            };
             let pb = base + p * st.warps * gu;
             for warp in 0..q.np * q.kw {
                 let (ti, sl) = (warp / q.kw, warp % q.kw);
-                let u = u0 + p * st.warps + ti;
-                let (tile, slice) = (u % plan.tiles(), u / plan.tiles());
+                let (slice, tile) = unit_at(&share, plan.tiles(), p * st.warps + ti);
+                // The kernel builds only the input groups of its units' slices.
+                assert!(
+                    (share.first_slice..=share.last_slice).contains(&(slice as u32)),
+                    "unit outside the SM's input slices"
+                );
                 for r in 0..q.rounds {
                     let g = r * q.kw + sl;
                     if g >= gu {
@@ -475,6 +560,57 @@ mod tests {
             let x = input(*cols);
             let w = Matrix::from_bf16_bits(*rows, *cols, bits.clone());
             assert!(close(&walk(&st, i, &x), &gemv(&w, &x)), "op {i}");
+        }
+    }
+
+    #[test]
+    fn sm_shares_agree_with_the_division_forms() {
+        let mats: Vec<Int4Matrix> = SHAPES
+            .iter()
+            .enumerate()
+            .map(|(i, &(r, c, _))| quantize_int4(&matrix(r, c, i as u64 + 21)))
+            .collect();
+        let ops: Vec<StreamOp> = mats
+            .iter()
+            .zip(SHAPES)
+            .map(|(m, (_, _, glu))| StreamOp {
+                weights: Weights::Int4(m),
+                glu,
+            })
+            .collect();
+        for (n_sm, warps) in [(7, 4), (13, 12), (40, 8), (132, 12)] {
+            let st = build(&ops, n_sm, warps).unwrap();
+            for s in 0..n_sm {
+                let shares = st.sm_shares(s);
+                let mut cell = 0;
+                for (plan, sh) in st.ops.iter().zip(&shares) {
+                    let (u0, nt) = plan.sm_units(n_sm, s);
+                    assert_eq!((sh.first_unit as usize, sh.units as usize), (u0, nt));
+                    assert_eq!(sh.first_cell as usize, cell);
+                    cell += nt * plan.unit_groups();
+                    if nt == 0 {
+                        continue;
+                    }
+                    let q = pass_of(nt, 0, plan.unit_groups(), warps);
+                    assert_eq!(
+                        (sh.np, sh.kw, sh.rounds),
+                        (q.np as u32, q.kw as u32, q.rounds as u32)
+                    );
+                    for idx in 0..nt {
+                        let u = u0 + idx;
+                        let (slice, tile) = unit_at(sh, plan.tiles(), idx);
+                        assert_eq!((slice, tile), (u / plan.tiles(), u % plan.tiles()));
+                        assert!((sh.first_slice as usize..=sh.last_slice as usize).contains(&slice));
+                    }
+                    assert_eq!(sh.last_slice as usize, (u0 + nt - 1) / plan.tiles());
+                }
+                // The shares account for the whole stream but its alignment padding.
+                let len = st.sm_base[s + 1] - st.sm_base[s];
+                assert!(
+                    cell <= len && len - cell < ALIGN_CELLS,
+                    "SM {s}: {cell} cells, stream {len}"
+                );
+            }
         }
     }
 
