@@ -72,6 +72,9 @@ run() {
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --tiny >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=025 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
+    # Written after the ninth session's device time ran out: 32-KB bf16 chunks in 4- and 5-deep rings.
+    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 5 >> "$out/proto.log" 2>&1
+    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
   fi

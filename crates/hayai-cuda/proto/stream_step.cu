@@ -1709,8 +1709,8 @@ int main(int argc, char** argv) {
     struct Cfg { int nch; bool bulk; bool il; Kern k; };
     std::vector<Cfg> cfgs;
     const Cfg all[] = {{11, true, false, stream_step<11, true>}, {8, true, false, stream_step<8, true>},
-                       {6, true, false, stream_step<6, true>},
-                       {3, true, false, stream_step<3, true>}, {11, false, false, stream_step<11, false>}};
+                       {6, true, false, stream_step<6, true>}, {5, true, false, stream_step<5, true>},
+                       {4, true, false, stream_step<4, true>}, {3, true, false, stream_step<3, true>}, {11, false, false, stream_step<11, false>}};
     const bool copy_bulk = !getenv("PROTO_COPY") || !strcmp(getenv("PROTO_COPY"), "bulk") || !strcmp(getenv("PROTO_COPY"), "both");
     const bool copy_async = getenv("PROTO_COPY") && (!strcmp(getenv("PROTO_COPY"), "cp.async") || !strcmp(getenv("PROTO_COPY"), "both"));
     for (const Cfg& c : all) {
