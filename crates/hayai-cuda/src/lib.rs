@@ -9,6 +9,7 @@ pub mod check;
 mod device;
 pub mod quant;
 mod runner;
+pub mod step_streams;
 pub mod stream_layout;
 pub mod synth;
 

@@ -11,7 +11,7 @@ use cudarc::driver::{sys, CudaGraph};
 use hayai_model::{Model, ModelError, Rows, Runner, RunnerInfo};
 
 use crate::device::{drv, DevBuf, Gpu};
-use crate::quant::{int4_eligible, quantize_int4, to_bf16_bits};
+use crate::quant::{int4_eligible, quantize_int4, to_bf16_bits, Int4Matrix};
 use crate::CudaError;
 
 mod launch;
@@ -81,15 +81,25 @@ struct DevMat {
     _bufs: Vec<DevBuf>,
 }
 
-/// Upload `mats` (same width) concatenated by rows, or interleaved row by row when
-/// `interleave` (gate/up pairs for the fused GeGLU GEMV).
-fn upload_mats(
-    gpu: &Gpu,
+/// A fused weight matrix on the host, as the GPU stores it: int4 (group 128) where the width
+/// allows and `quant` asks for it, else bf16 bits.
+pub(crate) enum HostMat {
+    Int4(Int4Matrix),
+    Bf16 {
+        rows: usize,
+        cols: usize,
+        bits: Vec<u16>,
+    },
+}
+
+/// `mats` (same width) concatenated by rows, or interleaved row by row when `interleave`
+/// (gate/up pairs for the fused GeGLU GEMV), in the GPU's storage format. What `upload_mats`
+/// uploads and the streamed step's weight streams are built from (`step_streams`).
+pub(crate) fn fuse_host(
     mats: &[&hayai_model::Matrix],
     interleave: bool,
     quant: Quant,
-    octet_scales: bool,
-) -> Result<DevMat, CudaError> {
+) -> Result<HostMat, CudaError> {
     let cols = mats[0].cols;
     if mats.iter().any(|m| m.cols != cols) {
         return Err(CudaError::Unsupported(
@@ -100,7 +110,7 @@ fn upload_mats(
     if interleave && mats.iter().any(|m| m.rows != mats[0].rows) {
         return Err(CudaError::Unsupported("gate/up differ in height".into()));
     }
-    // Order of (matrix, row) pairs in the uploaded matrix.
+    // Order of (matrix, row) pairs in the fused matrix.
     let order: Vec<(usize, usize)> = if interleave {
         (0..mats[0].rows)
             .flat_map(|r| (0..mats.len()).map(move |m| (m, r)))
@@ -120,25 +130,12 @@ fn upload_mats(
             packed.extend_from_slice(&qs[m].packed[r * rb..(r + 1) * rb]);
             scales.extend_from_slice(&qs[m].scales[r * g..(r + 1) * g]);
         }
-        let wb = gpu.upload(&packed)?;
-        let sb = gpu.upload(&scales)?;
-        let mut bufs = vec![wb, sb];
-        let mut scales_oct = 0;
-        if octet_scales {
-            let ob = gpu.upload(&octet_layout(&scales, rows, g))?;
-            scales_oct = ob.ptr();
-            bufs.push(ob);
-        }
-        return Ok(DevMat {
-            w: bufs[0].ptr(),
-            scales: bufs[1].ptr(),
-            scales_oct,
+        return Ok(HostMat::Int4(Int4Matrix {
             rows,
             cols,
-            int4: true,
-            bytes: packed.len() + scales.len() * 2,
-            _bufs: bufs,
-        });
+            packed,
+            scales,
+        }));
     }
     if cols % 32 != 0 {
         return Err(CudaError::Unsupported(format!(
@@ -150,17 +147,59 @@ fn upload_mats(
     for &(m, r) in &order {
         data.extend_from_slice(&bits[m][r * cols..(r + 1) * cols]);
     }
-    let wb = gpu.upload(&data)?;
-    Ok(DevMat {
-        w: wb.ptr(),
-        scales: 0,
-        scales_oct: 0,
+    Ok(HostMat::Bf16 {
         rows,
         cols,
-        int4: false,
-        bytes: data.len() * 2,
-        _bufs: vec![wb],
+        bits: data,
     })
+}
+
+/// Upload `mats` fused as `fuse_host` lays them out (plus the octet scale layout the
+/// single-kernel step reads, when asked).
+fn upload_mats(
+    gpu: &Gpu,
+    mats: &[&hayai_model::Matrix],
+    interleave: bool,
+    quant: Quant,
+    octet_scales: bool,
+) -> Result<DevMat, CudaError> {
+    match fuse_host(mats, interleave, quant)? {
+        HostMat::Int4(m) => {
+            let (rows, cols, g) = (m.rows, m.cols, m.cols / 128);
+            let wb = gpu.upload(&m.packed)?;
+            let sb = gpu.upload(&m.scales)?;
+            let mut bufs = vec![wb, sb];
+            let mut scales_oct = 0;
+            if octet_scales {
+                let ob = gpu.upload(&octet_layout(&m.scales, rows, g))?;
+                scales_oct = ob.ptr();
+                bufs.push(ob);
+            }
+            Ok(DevMat {
+                w: bufs[0].ptr(),
+                scales: bufs[1].ptr(),
+                scales_oct,
+                rows,
+                cols,
+                int4: true,
+                bytes: m.packed.len() + m.scales.len() * 2,
+                _bufs: bufs,
+            })
+        }
+        HostMat::Bf16 { rows, cols, bits } => {
+            let wb = gpu.upload(&bits)?;
+            Ok(DevMat {
+                w: wb.ptr(),
+                scales: 0,
+                scales_oct: 0,
+                rows,
+                cols,
+                int4: false,
+                bytes: bits.len() * 2,
+                _bufs: vec![wb],
+            })
+        }
+    }
 }
 
 /// Row-major `[rows][groups]` scales as `[rows/8][groups][8]` (rows padded with zeros).
