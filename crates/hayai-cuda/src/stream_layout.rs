@@ -503,21 +503,28 @@ mod tests {
         (96, 2048, false),
     ];
 
-    #[test]
-    fn int4_streams_walk_back_to_the_plain_gemv() {
-        let mats: Vec<Int4Matrix> = SHAPES
+    fn int4_mats(seed: u64) -> Vec<Int4Matrix> {
+        SHAPES
             .iter()
             .enumerate()
-            .map(|(i, &(r, c, _))| quantize_int4(&matrix(r, c, i as u64 + 1)))
-            .collect();
-        let ops: Vec<StreamOp> = mats
-            .iter()
+            .map(|(i, &(r, c, _))| quantize_int4(&matrix(r, c, i as u64 + seed)))
+            .collect()
+    }
+
+    fn int4_ops(mats: &[Int4Matrix]) -> Vec<StreamOp<'_>> {
+        mats.iter()
             .zip(SHAPES)
             .map(|(m, (_, _, glu))| StreamOp {
                 weights: Weights::Int4(m),
                 glu,
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn int4_streams_walk_back_to_the_plain_gemv() {
+        let mats = int4_mats(1);
+        let ops = int4_ops(&mats);
         for (n_sm, warps) in [(7, 4), (13, 12), (40, 8)] {
             let st = build(&ops, n_sm, warps).unwrap();
             assert!(st.sm_base.iter().all(|b| b % ALIGN_CELLS == 0));
@@ -565,19 +572,8 @@ mod tests {
 
     #[test]
     fn sm_shares_agree_with_the_division_forms() {
-        let mats: Vec<Int4Matrix> = SHAPES
-            .iter()
-            .enumerate()
-            .map(|(i, &(r, c, _))| quantize_int4(&matrix(r, c, i as u64 + 21)))
-            .collect();
-        let ops: Vec<StreamOp> = mats
-            .iter()
-            .zip(SHAPES)
-            .map(|(m, (_, _, glu))| StreamOp {
-                weights: Weights::Int4(m),
-                glu,
-            })
-            .collect();
+        let mats = int4_mats(21);
+        let ops = int4_ops(&mats);
         for (n_sm, warps) in [(7, 4), (13, 12), (40, 8), (132, 12)] {
             let st = build(&ops, n_sm, warps).unwrap();
             for s in 0..n_sm {
