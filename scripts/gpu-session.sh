@@ -72,7 +72,9 @@ run() {
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --tiny >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=025 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
-    # Written after the ninth session's device time ran out: 32-KB bf16 chunks in 4- and 5-deep rings.
+    # Written after the ninth session's device time ran out: every SM's publish times (--skew),
+    # 32-KB bf16 chunks in 4- and 5-deep rings.
+    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 8 --skew >> "$out/proto.log" 2>&1
     BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 5 >> "$out/proto.log" 2>&1
     BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"

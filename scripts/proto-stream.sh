@@ -8,7 +8,8 @@
 # operation against a reference applied to the chain's own input
 # and a per-operation breakdown; `--tiny` shrinks every operation to one 16 x 128 tile per SM (the
 # chain's own cost per operation), `--ctx N` puts attention over an N-position KV cache between
-# QKV and O, `--cell-rate` measures the consumers' arithmetic alone (no ring, no chain),
+# QKV and O, `--cell-rate` measures the consumers' arithmetic alone (no ring, no chain), `--skew`
+# records every SM's input-ready and publish times for one step (the slowest SM per operation),
 # `--chunks N` keeps the N-chunk rings only, PROTO_COPY=bulk|
 # cp.async|both the producers' copy engine (default bulk where there is TMA), PROTO_BALANCE=0
 # keeps tiles whole (by default they are split along K so every SM streams about the same bytes

@@ -115,6 +115,7 @@ struct Params {
     int mode;  // 0 full chain, 1 no waits for inputs, 2 stream only, 3 compute only (no copies:
                // the ring's stale contents), 4 = 3 without reading the inputs, 5 the producer alone
     unsigned xf_bytes;                // the B fragments' shared memory (the operation table follows it)
+    unsigned long long* skew;         // --skew: [n_ops][SMs][2] global time at input ready and at publish, every SM (null: off)
     unsigned long long* stamps;       // [n_ops][4] the last SM (it has a tile of every operation): input ready, inputs built, cells done, operation published (null: off)
 };
 
@@ -928,6 +929,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #endif
         }
         if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k] = stamp_now();
+        if (P.skew && tid == 0) P.skew[((size_t)k * nsm + s) * 2] = global_ns();
 #if A8
         // Entries (group, step t, c): inputs 32 t + 4 c + 0..3 and + 16; a group is 16 entries
         // (half a warp).
@@ -1126,6 +1128,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         if (tid == 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
             if (P.stamps && s == nsm - 1) P.stamps[8 * k + 3] = stamp_now();
+            if (P.skew) P.skew[((size_t)k * nsm + s) * 2 + 1] = global_ns();
         }
         base = next_base;
     }
@@ -1380,6 +1383,7 @@ int main(int argc, char** argv) {
     int ctx = 0;  // > 0: attention over a KV cache of ctx positions between QKV and O
     bool tiny = false;
     bool cell_rate_only = false;  // --cell-rate: the consumers' arithmetic alone
+    bool skew_report = false;     // --skew: every SM's input-ready and publish times, per operation
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tiny")) tiny = true;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
@@ -1387,6 +1391,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cell-rate")) cell_rate_only = true;
+        else if (!strcmp(argv[i], "--skew")) skew_report = true;
     }
     setvbuf(stdout, nullptr, _IONBF, 0);
     cudaDeviceProp prop;
@@ -1761,6 +1766,7 @@ int main(int argc, char** argv) {
         prm.attn = dattn;
         prm.mode = mode;
         prm.stamps = nullptr;
+        prm.skew = nullptr;
         prm.xf_bytes = (unsigned)xf_bytes;
         unsigned epoch = 0;
         for (int w = 0; w < 3; w++) {
@@ -1877,6 +1883,59 @@ int main(int argc, char** argv) {
                     printf("  %-9s x%-3d %7.2f / %7.2f: %6.2f %6.2f %6.2f   (cells: %.2f to the last pass barrier, %.2f in it)\n",
                            kn, n, tot / n, aft / n, pro / n, cel / n, pub / n, c_own / n, c_bar / n);
             }
+        }
+        if (skew_report && mode == 0) {
+            // One step recording every SM's input-ready and publish times (global timer): how
+            // far the slowest SM of an operation trails the median one, and whether the same SMs
+            // are always last. The global timer's resolution on the GPU bounds what this can see.
+            unsigned long long* dskew;
+            CK(cudaMalloc(&dskew, (size_t)n_ops * P * 2 * 8));
+            CK(cudaMemset(dskew, 0, (size_t)n_ops * P * 2 * 8));
+            prm.skew = dskew;
+            prm.stamps = nullptr;
+            prm.epoch = ++epoch;
+            cfg.k<<<P, THREADS, smem>>>(prm);
+            sync();
+            prm.skew = nullptr;
+            std::vector<unsigned long long> sk((size_t)n_ops * P * 2);
+            CK(cudaMemcpy(sk.data(), dskew, sk.size() * 8, cudaMemcpyDeviceToHost));
+            cudaFree(dskew);
+            std::vector<int> last_count(P, 0);
+            const char* kinds[] = {"qkv", "o", "gate_up", "down", "ple_gate", "ple_proj", "lm_head"};
+            printf("every SM, one step: per operation kind, µs the last SM's publish trails the median SM's, "
+                   "and the spread of input-ready times (global timer)\n");
+            for (const char* kn : kinds) {
+                double trail = 0, ready = 0;
+                int n = 0;
+                for (int k = 1; k < n_ops; k++) {
+                    if (ops[k].name != kn) continue;
+                    std::vector<unsigned long long> pub, rdy;
+                    int last = 0;
+                    for (int sm = 0; sm < P; sm++) {
+                        const unsigned long long r = sk[((size_t)k * P + sm) * 2], p = sk[((size_t)k * P + sm) * 2 + 1];
+                        if (!p) continue;  // an SM without units of this operation
+                        pub.push_back(p);
+                        if (r) rdy.push_back(r);
+                        if (p > sk[((size_t)k * P + last) * 2 + 1]) last = sm;
+                    }
+                    if (pub.size() < 2) continue;
+                    std::sort(pub.begin(), pub.end());
+                    trail += (double)(pub.back() - pub[pub.size() / 2]) / 1e3;
+                    if (rdy.size() > 1) {
+                        std::sort(rdy.begin(), rdy.end());
+                        ready += (double)(rdy.back() - rdy.front()) / 1e3;
+                    }
+                    last_count[last]++;
+                    n++;
+                }
+                if (n) printf("  %-9s x%-3d last publish %.2f after the median, input ready spread %.2f\n", kn, n, trail / n, ready / n);
+            }
+            std::vector<int> idx(P);
+            for (int i = 0; i < P; i++) idx[i] = i;
+            std::sort(idx.begin(), idx.end(), [&](int a, int b) { return last_count[a] > last_count[b]; });
+            printf("  SMs most often last:");
+            for (int i = 0; i < 6 && i < P; i++) printf(" %d (%d)", idx[i], last_count[idx[i]]);
+            printf("\n");
         }
     }
     }
