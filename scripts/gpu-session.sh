@@ -73,8 +73,9 @@ run() {
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=025 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
     # Written after the ninth session's device time ran out: every SM's publish times (--skew),
-    # 32-KB bf16 chunks in 4- and 5-deep rings.
+    # the DP4A cell's rate, 32-KB bf16 chunks in 4- and 5-deep rings.
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 8 --skew >> "$out/proto.log" 2>&1
+    BUILDS="A8=1,DP4A=1" timeout 120 scripts/proto-stream.sh --cell-rate >> "$out/proto.log" 2>&1
     BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 5 >> "$out/proto.log" 2>&1
     BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"

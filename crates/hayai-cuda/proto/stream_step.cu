@@ -303,6 +303,43 @@ __device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xb, int 
     acc_a = fmaf(fa * xsc, sa, acc_a);
     acc_b = fmaf(fb * xsc, sb, acc_b);
 }
+#ifndef DP4A
+#define DP4A 0
+#endif
+#if DP4A && !A8
+#error "DP4A takes the W4A8 inputs (A8=1)"
+#endif
+// DP4A=1 (--cell-rate only, written after the ninth session's device time ran out, not yet
+// run): the same 1,056-byte int4 cell in a row-owned layout on the CUDA cores instead of the
+// tensor cores (whose legacy mma.sync pipe caps the W4A8 cell at ~110 cycles per scheduler).
+// Lane = row + 16 x (K half); its 64 nibbles at bytes [16 lane, +16) and [512 + 16 lane, +16);
+// the input as int8 words of even and odd positions (word 2j: inputs 8j + 0, 2, 4, 6; word
+// 2j + 1: 8j + 1, 3, 5, 7), 64 bytes per half. Low nibbles masked in place, high nibbles left
+// at 16q (a u8 <= 240) and their sum shifted back: two LOP3 and two dp4a per 8 weights.
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ void cell_dp4a(const uint4* cp, const uint4* xq, int xs8, float xsc, int lane, float& acc) {
+    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
+    const float sc = __uint_as_float((uint32_t)((const uint16_t*)(cp + 64))[lane & 15] << 16);
+    const uint4* xh = xq + (lane >> 4) * 4;  // this K half's 16 input words
+    const uint32_t w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const uint4 x = xh[q];
+        lo = dp4a_us(w[2 * q] & 0x0F0F0F0Fu, x.x, lo);
+        hi = dp4a_us(w[2 * q] & 0xF0F0F0F0u, x.y, hi);
+        lo = dp4a_us(w[2 * q + 1] & 0x0F0F0F0Fu, x.z, lo);
+        hi = dp4a_us(w[2 * q + 1] & 0xF0F0F0F0u, x.w, hi);
+    }
+    int d = lo + (hi >> 4);
+    d += __shfl_xor_sync(0xffffffffu, d, 16);  // the two K halves
+    acc = fmaf((float)(d - 8 * xs8) * xsc, sc, acc);
+}
+
 #if W16 && (A8 || OFFSET)
 #error "W16 cells take bf16-pair inputs only"
 #endif
@@ -1325,9 +1362,11 @@ __global__ void __launch_bounds__(NW * 32, 1) cell_rate(int reps, unsigned long 
 #if A8
     __shared__ int xs8[RATE_CELLS];
     __shared__ float xsc[RATE_CELLS];
-    __shared__ uint2 xzero[16];
     if (threadIdx.x < RATE_CELLS) xs8[threadIdx.x] = threadIdx.x, xsc[threadIdx.x] = 0.01f;
+#if !DP4A
+    __shared__ uint2 xzero[16];
     if (threadIdx.x < 16) xzero[threadIdx.x] = make_uint2(0u, 0u);
+#endif
 #endif
     __syncthreads();
     float acc_a = 0.f, acc_b = 0.f;
@@ -1339,6 +1378,10 @@ __global__ void __launch_bounds__(NW * 32, 1) cell_rate(int reps, unsigned long 
 #if W16
             cell_w16(cells + i * CELL_U4, xf + i * (STEPS * 8), lane, acc_a, acc_b);
             cell_w16(cells + (i + NW) * CELL_U4, xf + (i + NW) * (STEPS * 8), lane, acc_a, acc_b);
+#elif DP4A
+            cell_dp4a(cells + i * CELL_U4, (const uint4*)(xf + i * 16), xs8[i], xsc[i], lane, acc_a);
+            cell_dp4a(cells + (i + NW) * CELL_U4, (const uint4*)(xf + (i + NW) * 16), xs8[i + NW], xsc[i + NW], lane,
+                      acc_b);
 #elif A8
             cell_imma(cells + i * CELL_U4, lane < 4 ? xf + i * 16 + lane : xzero, xs8[i], xsc[i], lane, acc_a, acc_b);
             cell_imma(cells + (i + NW) * CELL_U4, lane < 4 ? xf + (i + NW) * 16 + lane : xzero, xs8[i + NW],
