@@ -14,18 +14,24 @@
 # cp.async|both the producers' copy engine (default bulk where there is TMA), PROTO_BALANCE=0
 # keeps tiles whole (by default they are split along K so every SM streams about the same bytes
 # per operation).
+# PROTO_BUILD_ONLY=1 builds and stops; PROTO_REUSE=1 keeps a binary built earlier (device
+# time: one parallel build of every configuration instead of one per call).
 # docs/performance.md records what it measured.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 nvcc="${NVCC:-nvcc}"
 arch="${ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)}"
 builds=(${BUILDS:-A8=1})
+pids=()
 for b in "${builds[@]}"; do
+  bin="${TMPDIR:-/tmp}/stream_step_${b//[=,]/_}"
+  [ "${PROTO_REUSE:-0}" = 1 ] && [ -x "$bin" ] && continue
   defs=(); IFS=, read -ra kv <<< "$b"; for d in "${kv[@]}"; do defs+=("-D$d"); done
-  "$nvcc" -O3 -std=c++17 -arch="sm_${arch:-90}" "${defs[@]}" -o "${TMPDIR:-/tmp}/stream_step_${b//[=,]/_}" \
-    "$root/crates/hayai-cuda/proto/stream_step.cu" &
+  "$nvcc" -O3 -std=c++17 -arch="sm_${arch:-90}" "${defs[@]}" -o "$bin" "$root/crates/hayai-cuda/proto/stream_step.cu" &
+  pids+=($!)
 done
-wait
+for p in "${pids[@]}"; do wait "$p" || { echo "error: a build failed" >&2; exit 1; }; done
+[ "${PROTO_BUILD_ONLY:-0}" = 1 ] && exit 0
 rc=0
 for b in "${builds[@]}"; do echo "### build $b"; "${TMPDIR:-/tmp}/stream_step_${b//[=,]/_}" "$@" || rc=$?; done
 exit $rc
