@@ -190,6 +190,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity, int what
     for (unsigned n = 1; !mbar_test(b, parity); n++)
         if ((n & 15) == 0 && watchdog(t0, what, info, parity)) return;
 }
+// Whether the phase of the given parity has completed, without waiting (stamps only).
+__device__ __forceinline__ bool mbar_done_now(uint64_t* b, unsigned parity) {
+    unsigned ok;
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok)
+                 : "r"(smem_u32(b)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
 __device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_u32(b)) : "memory");
 }
@@ -441,6 +450,12 @@ struct Ring {
             if (lane == 0) mbar_arrive(&empty[rel % NCH]);
             rel++;
         }
+    }
+    // Chunks from pos's on that have landed, in order (stamps only: how far ahead the stream is).
+    __device__ __forceinline__ unsigned landed_ahead(unsigned pos) const {
+        unsigned n = 0;
+        for (unsigned c = pos / CH_CELLS; n < NCH && mbar_done_now(&full[c % NCH], (c / NCH) & 1u); c++) n++;
+        return n;
     }
     __device__ __forceinline__ const uint4* cell(unsigned pos) const {
 #if STEPPED
@@ -965,7 +980,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             consumers_sync();
 #endif
         }
-        if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k] = stamp_now();
+        if (P.stamps && s == nsm - 1 && tid == 0) {
+            P.stamps[8 * k] = stamp_now();
+            P.stamps[8 * k + 6] = R.landed_ahead(base);  // the ring's fill when the input is ready
+        }
         if (P.skew && tid == 0) P.skew[((size_t)k * nsm + s) * 2] = global_ns();
 #if A8
         // Entries (group, step t, c): inputs 32 t + 4 c + 0..3 and + 16; a group is 16 entries
@@ -1905,7 +1923,7 @@ int main(int argc, char** argv) {
             printf("last SM, one step: per operation, µs from the previous operation's end (input wait "
                    "+ prologue + compute) / of which after the input was ready: inputs built, cells, publish (cycle stamps)\n");
             for (const char* kn : kinds) {
-                double tot = 0, aft = 0, pro = 0, cel = 0, pub = 0, c_own = 0, c_bar = 0;
+                double tot = 0, aft = 0, pro = 0, cel = 0, pub = 0, c_own = 0, c_bar = 0, fill = 0;
                 int n = 0;
                 for (int k = 1; k < n_ops; k++) {
                     if (ops[k].name != kn) continue;
@@ -1915,6 +1933,7 @@ int main(int argc, char** argv) {
                         pro += (double)(st[8 * k + 1] - st[8 * k]) / sm_mhz;
                         cel += (double)(st[8 * k + 2] - st[8 * k + 1]) / sm_mhz;
                         pub += (double)(st[8 * k + 3] - st[8 * k + 2]) / sm_mhz;
+                        fill += (double)st[8 * k + 6];
                         if (st[8 * k + 4] && st[8 * k + 5]) {  // the last pass: warp 0's cells, the pass barrier
                             c_own += (double)(st[8 * k + 4] - st[8 * k + 1]) / sm_mhz;
                             c_bar += (double)(st[8 * k + 5] - st[8 * k + 4]) / sm_mhz;
@@ -1923,8 +1942,9 @@ int main(int argc, char** argv) {
                     n++;
                 }
                 if (n)
-                    printf("  %-9s x%-3d %7.2f / %7.2f: %6.2f %6.2f %6.2f   (cells: %.2f to the last pass barrier, %.2f in it)\n",
-                           kn, n, tot / n, aft / n, pro / n, cel / n, pub / n, c_own / n, c_bar / n);
+                    printf("  %-9s x%-3d %7.2f / %7.2f: %6.2f %6.2f %6.2f   (cells: %.2f to the last pass barrier, "
+                           "%.2f in it; ring %.1f of %d chunks landed at input ready)\n",
+                           kn, n, tot / n, aft / n, pro / n, cel / n, pub / n, c_own / n, c_bar / n, fill / n, cfg.nch);
             }
         }
         if (skew_report && mode == 0) {
