@@ -30,4 +30,5 @@ build sm_90 stream_step.cu -DA8=1 -DSTEPPED=1 -DKW1DIRECT=1 -DPOLLW=1
 build sm_90 stream_step.cu -DNW=8 -DOFFSET=1
 build sm_90 stream_step.cu -DA8=1 -DOPSMEM=0
 build sm_86 stream_step.cu -DA8=1 -DDP4A=1
+build sm_86 stream_step.cu -DA8=1 -DATTSTAGE=1
 echo "prototypes compile ($n builds)"

@@ -66,7 +66,7 @@ run() {
     stage "streamed-step prototype"
     local P=crates/hayai-cuda/proto
     # Every configuration built once, in parallel (the machine has 16 cores); the calls below reuse them.
-    BUILDS="A8=1 A8=1,OPSMEM=0 W16=1 A8=1,DP4A=1 W16=1,CH_CELLS=16" PROTO_BUILD_ONLY=1 timeout 300 \
+    BUILDS="A8=1 A8=1,OPSMEM=0 W16=1 A8=1,DP4A=1 W16=1,CH_CELLS=16 A8=1,ATTSTAGE=1" PROTO_BUILD_ONLY=1 timeout 300 \
       scripts/proto-stream.sh > "$out/proto.log" 2>&1 || echo "proto builds failed" >> "$out/proto.log"
     export PROTO_REUSE=1
     nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/link_rate "$P/link_rate.cu" && \
@@ -77,9 +77,11 @@ run() {
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=025 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
     # Written after the ninth session's device time ran out: every SM's publish times (--skew),
-    # the DP4A cell's rate, 32-KB bf16 chunks in 4- and 5-deep rings.
+    # the DP4A cell's rate, attention's K/V staged before the wait (ATTSTAGE, A/B with the
+    # default first and last), 32-KB bf16 chunks in 4- and 5-deep rings.
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 8 --skew >> "$out/proto.log" 2>&1
     BUILDS="A8=1,DP4A=1" timeout 120 scripts/proto-stream.sh --cell-rate >> "$out/proto.log" 2>&1
+    BUILDS="A8=1 A8=1,ATTSTAGE=1 A8=1" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 5 >> "$out/proto.log" 2>&1
     BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"

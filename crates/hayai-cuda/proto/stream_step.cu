@@ -234,6 +234,21 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 #ifndef KW1DIRECT
 #define KW1DIRECT 0
 #endif
+// ATTSTAGE=1: an attention split's K (and V, when both fit) rows are copied into shared memory
+// (the B-fragment area, free between QKV and O) with cp.async *before* the split waits for its
+// query, so the scores and p.V read shared memory after one barrier instead of 2 + 5 dependent
+// global round trips; where only K fits, V follows into the same place after the scores,
+// overlapping the softmax. Written after the ninth session's device time ran out, not yet run.
+// (In the engine the newest key and value come from this step's QKV: only the split holding
+// the current position would have to read those two rows after the wait.)
+#ifndef ATTSTAGE
+#define ATTSTAGE 0
+#endif
+#if ATTSTAGE
+#define KV_LD(p) (*(p))  // generic: shared memory when staged
+#else
+#define KV_LD(p) __ldg(p)
+#endif
 // OPSMEM=1 (default): the operation records are copied into shared memory once per launch and
 // each SM works out its share of every operation there (units, input groups, first pass, first
 // unit's slice: SmOp), so the per-operation path loads no record from global memory and divides
@@ -660,19 +675,41 @@ struct AttnSmem {
 // p.V; the split's partial goes to global memory and the last split of the head merges them in
 // split order and publishes the head.
 __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const AttnOp& a, int k, int s, int nsm,
-                             int tid, AttnSmem& sm) {
+                             int tid, AttnSmem& sm, unsigned char* scratch) {
     const int item = nsm - 1 - s;
     const int warp = tid >> 5, lane = tid & 31;
     if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k] = stamp_now();
     if (item >= a.heads * a.splits) return;
+    // The split's head and keys [k0, k0 + nk) (sliding layers: the last `window` positions).
+#define ATT_SPLIT_RANGE                                                                      \
+    const int h = item / a.splits, j = item % a.splits, hd = a.hd;                           \
+    const int kvh = h / (a.heads / a.kv_heads);                                              \
+    const int lo = a.ctx > a.window ? a.ctx - a.window : 0, n = a.ctx - lo;                  \
+    const int k0 = lo + n * j / a.splits, k1 = lo + n * (j + 1) / a.splits, nk = k1 - k0;
+#if ATTSTAGE
+    ATT_SPLIT_RANGE  // before the wait: the copies do not depend on the query
+    const __nv_bfloat16* kbase = a.kc + ((size_t)kvh * a.ctx + k0) * hd;  // the split's K rows
+    const __nv_bfloat16* vbase = a.vc + ((size_t)kvh * a.ctx + k0) * hd;
+    const unsigned kv16 = (unsigned)nk * hd * 2 / 16;  // 16-byte pieces of the split's K (or V)
+    const int stage = 2 * kv16 * 16 <= P.xf_bytes ? 2 : kv16 * 16 <= P.xf_bytes ? 1 : 0;  // K and V, K, none
+    __nv_bfloat16* kst = (__nv_bfloat16*)scratch;
+    if (stage) {
+        for (unsigned i = tid; i < kv16; i += NW * 32) cp_async16((uint4*)kst + i, (const uint4*)kbase + i);
+        if (stage == 2)
+            for (unsigned i = tid; i < kv16; i += NW * 32) cp_async16((uint4*)kst + kv16 + i, (const uint4*)vbase + i);
+        cp_async_commit();
+    }
+#else
+    (void)scratch;
+#endif
     if (P.mode == 0 && op.in_op >= 0) {
         if (tid == 0) wait_operation(P, op.in_op, in_pubs);
         consumers_sync();
     }
-    const int h = item / a.splits, j = item % a.splits, hd = a.hd;
-    const int kvh = h / (a.heads / a.kv_heads);
-    const int lo = a.ctx > a.window ? a.ctx - a.window : 0, n = a.ctx - lo;
-    const int k0 = lo + n * j / a.splits, k1 = lo + n * (j + 1) / a.splits, nk = k1 - k0;
+#if !ATTSTAGE
+    ATT_SPLIT_RANGE  // after the wait, as measured (fewer registers live across it)
+#endif
+#undef ATT_SPLIT_RANGE
     // The query, RMS-normalized (unit weight) and scaled by 1 / sqrt(hd).
     float ss = 0.f;
     for (int d = tid; d < hd; d += NW * 32) {
@@ -683,6 +720,13 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
     }
     // The norm's barrier also completes sm.q; the second one keeps sm.red from being reused early.
     const float qs = consumers_rms_scale(ss, hd, sm.red, warp, lane) * rsqrtf((float)hd);
+#if ATTSTAGE
+    if (stage) {
+        cp_async_wait<0>();  // this thread's copies; the barrier below makes everyone's visible
+        kbase = kst;
+        if (stage == 2) vbase = kst + (size_t)kv16 * 8;
+    }
+#endif
     consumers_sync();
     if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 1] = stamp_now();
     // Scores: a warp per key, 8 bf16 per lane per 256 columns; two keys per warp loaded together
@@ -693,10 +737,14 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
 #pragma unroll
         for (int r = 0; r < KB; r++) {
             const int i = i0 + r * NW;
+#if ATTSTAGE
+            const __nv_bfloat16* kr = kbase + (size_t)i * hd;
+#else
             const __nv_bfloat16* kr = a.kc + ((size_t)kvh * a.ctx + k0 + i) * hd;
+#endif
 #pragma unroll
             for (int c = 0; c < 2; c++)
-                if (i < nk && lane * 8 + c * 256 < hd) w[r][c] = __ldg((const uint4*)(kr + lane * 8 + c * 256));
+                if (i < nk && lane * 8 + c * 256 < hd) w[r][c] = KV_LD((const uint4*)(kr + lane * 8 + c * 256));
         }
 #pragma unroll
         for (int r = 0; r < KB; r++) {
@@ -721,6 +769,12 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
         }
     }
     consumers_sync();
+#if ATTSTAGE
+    if (stage == 1) {  // V into the place K leaves, while warp 0 takes the softmax
+        for (unsigned i = tid; i < kv16; i += NW * 32) cp_async16((uint4*)kst + i, (const uint4*)vbase + i);
+        cp_async_commit();
+    }
+#endif
     if (warp == 0) {  // softmax over the split's keys
         float m = -INFINITY;
         for (int i = lane; i < nk; i += 32) m = fmaxf(m, sm.sc[i]);
@@ -739,10 +793,20 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
             sm.l = l;
         }
     }
+#if ATTSTAGE
+    if (stage == 1) {
+        cp_async_wait<0>();
+        vbase = kst;
+    }
+#endif
     consumers_sync();
     // p.V: a thread per column; the split's partial to global memory.
     for (int d = tid; d < hd; d += NW * 32) {
+#if ATTSTAGE
+        const __nv_bfloat16* vr = vbase + d;
+#else
         const __nv_bfloat16* vr = a.vc + ((size_t)kvh * a.ctx + k0) * hd + d;
+#endif
         float acc = 0.f;
         int i = 0;
         for (; i + 8 <= nk; i += 8) {  // eight loads in flight, the sum in key order as before
@@ -962,7 +1026,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             continue;
         }
         if (op.attn >= 0) {  // no weights: the ring streams the next operations' meanwhile
-            attention_op(P, op, op.in_op >= 0 ? OPS[op.in_op].pubs : 0, P.attn[op.attn], k, s, nsm, tid, attn_sm);
+            attention_op(P, op, op.in_op >= 0 ? OPS[op.in_op].pubs : 0, P.attn[op.attn], k, s, nsm, tid, attn_sm,
+                         (unsigned char*)xf);
             continue;
         }
         if (nt == 0) {  // nothing to compute; still counted, the consumers wait for every SM
