@@ -76,6 +76,7 @@ run() {
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --tiny >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="W16=1" PROTO_MODES=025 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
+    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 10 --ctx 640 >> "$out/proto.log" 2>&1
     # Written after the ninth session's device time ran out: every SM's publish times (--skew),
     # the DP4A cell's rate, attention's K/V staged before the wait (ATTSTAGE, A/B with the
     # default first and last), 32-KB bf16 chunks in 4- and 5-deep rings.

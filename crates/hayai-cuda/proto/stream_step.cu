@@ -244,6 +244,14 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 #ifndef ATTSTAGE
 #define ATTSTAGE 0
 #endif
+// Keys per warp loaded together for the scores, split partials per batch in the merge: the
+// bf16 build is at its register limit (with 2 and 16 it spills 184 bytes).
+#ifndef ATT_KB
+#define ATT_KB (W16 ? 1 : 2)
+#endif
+#ifndef ATT_MB
+#define ATT_MB (W16 ? 8 : 16)
+#endif
 #if ATTSTAGE
 #define KV_LD(p) (*(p))  // generic: shared memory when staged
 #else
@@ -731,7 +739,7 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
     if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 1] = stamp_now();
     // Scores: a warp per key, 8 bf16 per lane per 256 columns; two keys per warp loaded together
     // (fewer dependent memory round trips per split; more would spill registers in the step).
-    constexpr int KB = 2;
+    constexpr int KB = ATT_KB;
     for (int i0 = warp; i0 < nk; i0 += NW * KB) {
         uint4 w[KB][2];
 #pragma unroll
@@ -840,7 +848,6 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
     // The splits' (m, l) through shared memory (one load each), then every thread's partials in
     // flight together; sums in split order as before.
     const int i0 = h * a.splits;
-    constexpr int MS = 16;  // splits at most (checked on the host)
     if (tid < a.splits) {
         sm.sc[2 * tid] = __ldcg(a.ml + 2 * (i0 + tid));
         sm.sc[2 * tid + 1] = __ldcg(a.ml + 2 * (i0 + tid) + 1);
@@ -851,14 +858,27 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
     float L = 0.f;
     for (int t = 0; t < a.splits; t++) L += __expf(sm.sc[2 * t] - M) * sm.sc[2 * t + 1];
     for (int d = tid; d < hd; d += NW * 32) {
-        float pv[MS];
+#if ATT_MB >= 16
+        float pv[16];
 #pragma unroll
-        for (int t = 0; t < MS; t++)
+        for (int t = 0; t < 16; t++)
             if (t < a.splits) pv[t] = __ldcg(a.part + (size_t)(i0 + t) * hd + d);
         float acc = 0.f;
 #pragma unroll
-        for (int t = 0; t < MS; t++)
+        for (int t = 0; t < 16; t++)
             if (t < a.splits) acc += __expf(sm.sc[2 * t] - M) * pv[t];
+#else
+        float acc = 0.f;
+        for (int t0 = 0; t0 < a.splits; t0 += ATT_MB) {  // ATT_MB partials in flight at a time
+            float pv[ATT_MB];
+#pragma unroll
+            for (int t = 0; t < ATT_MB; t++)
+                if (t0 + t < a.splits) pv[t] = __ldcg(a.part + (size_t)(i0 + t0 + t) * hd + d);
+#pragma unroll
+            for (int t = 0; t < ATT_MB; t++)
+                if (t0 + t < a.splits) acc += __expf(sm.sc[2 * (t0 + t)] - M) * pv[t];
+        }
+#endif
         op.out[h * hd + d] = acc / L;
     }
     consumers_sync();
