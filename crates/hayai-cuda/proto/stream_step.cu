@@ -116,7 +116,7 @@ struct Params {
                // the ring's stale contents), 4 = 3 without reading the inputs, 5 the producer alone
     unsigned xf_bytes;                // the B fragments' shared memory (the operation table follows it)
     unsigned long long* skew;         // --skew: [n_ops][SMs][2] global time at input ready and at publish, every SM (null: off)
-    unsigned long long* stamps;       // [n_ops][4] the last SM (it has a tile of every operation): input ready, inputs built, cells done, operation published (null: off)
+    unsigned long long* stamps;       // [n_ops][8] the last SM (it has a tile of every operation): input ready, inputs built, cells done, published, last pass before / after its barrier, ring chunks landed at input ready (null: off)
 };
 
 __device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
@@ -1070,11 +1070,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             P.stamps[8 * k + 6] = R.landed_ahead(base);  // the ring's fill when the input is ready
         }
         if (P.skew && tid == 0) P.skew[((size_t)k * nsm + s) * 2] = global_ns();
-#if A8
-        // Entries (group, step t, c): inputs 32 t + 4 c + 0..3 and + 16; a group is 16 entries
-        // (half a warp).
-        // Entries [e0, e1): every group, or (no norm, so no statistic over the whole input)
-        // only the groups of this SM's units' K ranges.
+        // The input groups this SM builds: every group, or (no norm, so no statistic over the
+        // whole input) only those of its units' K ranges.
         int g0, g1;
 #if OPSMEM
         g0 = so.g0;
@@ -1082,6 +1079,9 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #else
         input_groups(op, t0, nt, G, g0, g1);
 #endif
+#if A8
+        // Entries (group, step t, c): inputs 32 t + 4 c + 0..3 and + 16; a group is 16 entries
+        // (half a warp).
         const int e0 = g0 * 16, e1 = g1 * 16;
         float4 va[MAXJ / 2] = {}, vb[MAXJ / 2] = {};
         float ss = 0.f;
@@ -1110,13 +1110,6 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             }
         }
 #else
-        int g0, g1;
-#if OPSMEM
-        g0 = so.g0;
-        g1 = so.g1;
-#else
-        input_groups(op, t0, nt, G, g0, g1);
-#endif
         const int e0 = g0 * (STEPS * 4), E = g1 * (STEPS * 4);  // (group, step, c) entries, 4 inputs each
         float4 v[MAXJ];
         float ss = 0.f;
