@@ -50,7 +50,10 @@
 #ifndef NP
 #define NP 1                       // producer warps (chunk c is producer c % NP's)
 #endif
-#define THREADS ((NW + NP) * 32)   // + the producer warps
+#ifndef RINGFLAGS
+#define RINGFLAGS 1                // see the Ring below
+#endif
+#define THREADS ((NW + NP + (RINGFLAGS == 2)) * 32)   // + the producer warps (+ the landing watcher)
 #ifndef W16
 #define W16 0                      // bf16 weights: 16 rows x 64 columns per 2,048-byte cell, no scales
 #endif
@@ -88,6 +91,8 @@ struct Op {
     int in_stride;    // floats between them
     int attn;         // >= 0: an attention operation (index into Params::attn), no weights
     int pubs;         // publications per launch that complete it (SMs, or heads for attention)
+    int rep;          // REPL: floats between the copies of the output
+    int in_rep;       // REPL: floats between the copies of the input
 };
 
 // An attention operation (--ctx N): the query heads of the QKV output against a bf16 KV cache of
@@ -108,6 +113,7 @@ struct Params {
     int n_ops;
     const uint4* stream;              // all SMs' streams
     const long long* sm_base;         // first cell of SM s's stream
+    const unsigned* sm_total;         // cells in SM s's stream (worked out on the host)
     int interleave;                   // stream chunk c of SM s at chunk c * SMs + s of `stream`
     const AttnOp* attn;               // attention operations (--ctx)
     unsigned* done;                   // per-operation counters (monotonic over launches)
@@ -116,7 +122,7 @@ struct Params {
                // the ring's stale contents), 4 = 3 without reading the inputs, 5 the producer alone
     unsigned xf_bytes;                // the B fragments' shared memory (the operation table follows it)
     unsigned long long* skew;         // --skew: [n_ops][SMs][2] global time at input ready and at publish, every SM (null: off)
-    unsigned long long* stamps;       // [n_ops][8] the last SM (it has a tile of every operation): input ready, inputs built, cells done, published, last pass before / after its barrier, ring chunks landed at input ready (null: off)
+    unsigned long long* stamps;       // [n_ops + 1][8] the last SM (it has a tile of every operation): input ready, inputs built, cells done, published, last pass before / after its barrier, ring chunks landed at input ready, input loads done (null: off)
 };
 
 __device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
@@ -210,6 +216,15 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+// Shared-memory words between the warps of the block (the ring's flags).
+__device__ __forceinline__ unsigned ld_acquire_cta(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(v) : "r"(smem_u32(p)) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_cta(unsigned* p, unsigned v) {
+    asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(smem_u32(p)), "r"(v) : "memory");
+}
 #ifndef OFFSET
 #define OFFSET 0
 #endif
@@ -238,11 +253,12 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // (the B-fragment area, free between QKV and O) with cp.async *before* the split waits for its
 // query, so the scores and p.V read shared memory after one barrier instead of 2 + 5 dependent
 // global round trips; where only K fits, V follows into the same place after the scores,
-// overlapping the softmax. Written after the ninth session's device time ran out, not yet run.
+// overlapping the softmax. Measured (tenth session, ctx 640, A/B/A): attention 6.8-7.0 -> 5.2 µs
+// per layer, the chain 2.128 -> 2.060 ms; now the default (ATTSTAGE=0: loads from global memory).
 // (In the engine the newest key and value come from this step's QKV: only the split holding
 // the current position would have to read those two rows after the wait.)
 #ifndef ATTSTAGE
-#define ATTSTAGE 0
+#define ATTSTAGE 1
 #endif
 // Keys per warp loaded together for the scores, split partials per batch in the merge: the
 // bf16 build is at its register limit (with 2 and 16 it spills 184 bytes).
@@ -264,6 +280,67 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // operation. OPSMEM=0: the record from global memory and the divisions per operation.
 #ifndef OPSMEM
 #define OPSMEM 1
+#endif
+// NAP: ns slept between polls of a producer's counter (0: spin; measured: no difference).
+#ifndef NAP
+#define NAP 20
+#endif
+// NOMBAR=1 (diagnostic, "cells only" mode alone): the ring's mbarrier waits and releases left
+// out, the producer idle, so the consumers' cells run on the ring's stale contents with no
+// chunk bookkeeping: what the bookkeeping costs the cell loop.
+#ifndef NOMBAR
+#define NOMBAR 0
+#endif
+// RINGFLAGS=1: the consumer warps touch no mbarrier. The producer warp alone waits for the copies
+// (mbarrier, as the bulk copies need) and publishes how many chunks have landed in a shared word;
+// each consumer warp publishes how many chunks it is done with in its own word, and the producer
+// refills a slot once the minimum over the warps has passed it. A consumer then pays one shared
+// load per chunk it reads instead of an mbarrier wait and an arrive on every chunk
+// (the NOMBAR diagnostic: cells only 1.19 -> 0.83 ms without any chunk bookkeeping).
+// Measured (tenth session, W4A8, ring 8 x 16 cells, A/B in one call): with THROTTLE and PFD=8
+// the chain 1.602 -> 1.520 ms, cells only 1.195 -> 1.106; the default. RINGFLAGS=0: the
+// mbarrier ring (every consumer warp waits for and releases every chunk).
+// RINGFLAGS=2 (measured 1.571 with THROTTLE, 1.584 with PFD=8: not adopted): consumers read the landed word (as 1) but release through the empty mbarriers
+// (an arrive per chunk, as 0); the producer sleeps in the hardware's mbarrier wait (as 0) and a
+// second warp waits for the landings and publishes them, so no warp spins.
+// RFDIAG=1 (diagnostic, RINGFLAGS=1, "cells only"): the producer declares every chunk landed at
+// once and leaves, so the consumers run without it (measured 1.029 against 1.106 ms: what the
+// producer's polling costs the consumers).
+#if RINGFLAGS && NP != 1
+#error "RINGFLAGS has one producer warp"
+#endif
+#if RINGFLAGS > 2
+#error "RINGFLAGS is 0, 1 or 2"
+#endif
+// THROTTLE=1: the producer issues no copy while the consumers publish an operation (from the
+// end of its last pass to the release), so the output stores and the release are not queued
+// behind the weight stream's requests. THROTTLE=2: nor until the next operation's input has been
+// read (its loads not queued behind the stream either). Measured (tenth session): THROTTLE=1
+// 1.662 -> 1.592 ms (gate/up's publish 1.67 -> 0.96 µs), THROTTLE=2 no better; 1 is the default.
+#ifndef THROTTLE
+#define THROTTLE 1
+#endif
+// PFD=N (sm_90): while the producer waits for a free slot, it requests the next chunks (up to N
+// beyond the one waiting) into L2 with bulk prefetches, so the weight stream keeps going while the
+// ring is full (during the links) and the refills come from L2. Measured (tenth session, with
+// THROTTLE): RINGFLAGS=1 1.581 -> 1.529 (PFD=8) / 1.533 (16) ms; with the mbarrier ring
+// (RINGFLAGS=0) 1.59 -> 1.62-1.72 ms for PFD 4-32. The default is 8; sm_80/86 have no bulk
+// prefetch (PFD does nothing there). bf16 (W16, 4 x 32-KB chunks): 3.165 ms without, 4.06 with
+// PFD=8, so its default is 0.
+#ifndef PFD
+#define PFD (W16 ? 0 : 8)
+#endif
+// PSLEEP=N (sm_90, RINGFLAGS=1): with a copy in flight and nothing else to do, the producer sleeps
+// in the hardware's mbarrier wait for the oldest copy (woken when it lands, at most N ns) instead
+// of polling, leaving its scheduler's issue slots to the consumers. Measured (tenth session):
+// 1.533 -> 1.523 (300) / 1.521 (1000) ms; 300 is the default.
+#ifndef PSLEEP
+#define PSLEEP 300
+#endif
+// PNAP: ns the RINGFLAGS producer sleeps when it can neither copy nor publish a landing
+// (200: 1.608 -> 1.625 ms with THROTTLE=2).
+#ifndef PNAP
+#define PNAP 20
 #endif
 // Nibbles at bits 0-3 and 16-19 as bf16x2 of (nibble - 8), exact (see gemv_mma.cu). With OFFSET
 // the subtraction is left out: the pair is bf16 (136 + q), exact, and the cell's sum is corrected
@@ -454,8 +531,53 @@ struct Ring {
     uint64_t* empty;
     unsigned have;  // chunks [0, have) are known to have landed (this warp waited for them)
     unsigned rel;   // chunks [0, rel) are released by this warp
+#if RINGFLAGS
+    unsigned landed;  // shared address of the producer's word: chunks [0, landed) have landed
+    unsigned wdone;   // shared address of this warp's word: chunks [0, wdone) released
+
+    __device__ __forceinline__ void land(unsigned c) {
+        if (NOMBAR || have > c) return;
+        unsigned long long t0 = 0;
+        for (unsigned n = 1;; n++) {
+            asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(have) : "r"(landed) : "memory");
+            if (have > c) return;
+            if ((n & 1023) == 0 && watchdog(t0, 1, (int)c, 0)) return;
+        }
+    }
+#if RINGFLAGS == 2
+    // As the mbarrier ring: each chunk released after it landed (a warp never runs a ring ahead).
+    __device__ __forceinline__ void release_to(unsigned pos, int lane) {
+        const unsigned c = pos / CH_CELLS;
+        if (NOMBAR) return;
+        while (rel < c) {
+            land(rel);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[rel % NCH]);
+            rel++;
+        }
+    }
+#else
+    // Chunks before pos's are done with; whether they landed is the producer's to check. Every
+    // lane stores the same word (no branch, no warp barrier: the lanes are converged, mma.sync
+    // needs them so), relaxed: the chunk's shared-memory reads have been consumed by the cells'
+    // mma before this store issues, so the producer's refill cannot overtake them.
+    __device__ __forceinline__ void release_to(unsigned pos, int lane) {
+        const unsigned c = pos / CH_CELLS;
+        if (NOMBAR || rel >= c) return;
+        rel = c;
+        asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(wdone), "r"(c) : "memory");
+    }
+#endif
+    __device__ __forceinline__ unsigned landed_ahead(unsigned pos) const {
+        unsigned l;
+        asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(l) : "r"(landed) : "memory");
+        const unsigned c = pos / CH_CELLS;
+        return l > c ? min(l - c, (unsigned)NCH) : 0u;
+    }
+#else
 
     __device__ __forceinline__ void land(unsigned c) {  // wait until chunks up to c have landed
+        if (NOMBAR) return;
         while (have <= c) {
             mbar_wait(&full[have % NCH], (have / NCH) & 1u, 1, (int)have);
             have++;
@@ -466,6 +588,7 @@ struct Ring {
     // read, keeps the parity waits unambiguous: no warp runs a whole ring ahead of the fills, and
     // a slot is never refilled while a copy into it is still in flight.
     __device__ __forceinline__ void release_to(unsigned pos, int lane) {
+        if (NOMBAR) return;
         const unsigned c = pos / CH_CELLS;
         while (rel < c) {
             land(rel);
@@ -480,6 +603,7 @@ struct Ring {
         for (unsigned c = pos / CH_CELLS; n < NCH && mbar_done_now(&full[c % NCH], (c / NCH) & 1u); c++) n++;
         return n;
     }
+#endif
     __device__ __forceinline__ const uint4* cell(unsigned pos) const {
 #if STEPPED
         constexpr unsigned n = NCH * CH_CELLS;  // the ring's cells; a mask when a power of 2
@@ -516,6 +640,11 @@ __device__ __forceinline__ void cell_mma(const uint4* cp, const uint2* xg, float
     acc_b = fmaf(db, sb, acc_b);
 }
 
+__device__ __forceinline__ void l2_prefetch(const void* src, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(smem_u32(bar)),
@@ -533,10 +662,10 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void wait_operation(const Params& P, int k, int pubs) {
     const unsigned target = P.epoch * (unsigned)pubs;
     unsigned long long t0 = 0;
-    // A short sleep between polls.
+    // A short sleep between polls (NAP ns; 0: spin).
     for (unsigned n = 1; (int)(ld_acquire(&P.done[k]) - target) < 0; n++) {
         if ((n & 255) == 0 && watchdog(t0, 3, k, 0)) break;
-        __nanosleep(20);
+        if (NAP) __nanosleep(NAP);
     }
 }
 
@@ -564,6 +693,26 @@ __device__ __forceinline__ float consumers_rms_scale(float ss, int K, float* wsu
     return rsqrtf(t / (float)K + 1e-6f);
 }
 
+// REPL=R: every operation writes R copies of its output and SM s reads copy s % R, so the 132
+// SMs' reads of the same vector spread over R times as many L2 lines (each line of an input is
+// otherwise read by every SM at once).
+#ifndef REPL
+#define REPL 1
+#endif
+#if REPL > 1 && KW1DIRECT
+#error "KW1DIRECT stores one copy"
+#endif
+#define OUT_STORE(o, idx, v)                                       \
+    do {                                                           \
+        const float v_ = (v);                                      \
+        _Pragma("unroll") for (int r_ = 0; r_ < REPL; r_++)        \
+            (o).out[(size_t)r_ * (o).rep + (idx)] = v_;            \
+    } while (0)
+// REDUXQ=1 (default): the quantization's half-warp maximum and integer sum by whole-warp
+// reductions (redux, sm_80+) instead of shuffle trees. Measured (tenth session): 1.533 -> 1.497 ms.
+#ifndef REDUXQ
+#define REDUXQ 1
+#endif
 // W4A8 input entry (group grp, step t, c): inputs 32 t + 4 c + 0..3 (lo) and + 16 (hi), read from
 // L2 (other SMs wrote them; mode 4 uses constants); returns their sum of squares.
 __device__ __forceinline__ float a8_entry_load(const Params& P, const Op& op, int grp, int t, int c, float4& lo,
@@ -597,8 +746,20 @@ __device__ __forceinline__ uint2 a8_entry_quantize(float4 lo, float4 hi, float s
 #pragma unroll
         for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(x[i]));
     }
+#if REDUXQ
+    // Each half warp's maximum by two whole-warp integer reductions (|x| bit patterns order as the
+    // values do) instead of four dependent shuffles.
+    const bool lo_half = (threadIdx.x & 31) < 16;
+    {
+        const unsigned mb = __float_as_uint(m);
+        const unsigned a = __reduce_max_sync(0xffffffffu, lo_half ? mb : 0u);
+        const unsigned b = __reduce_max_sync(0xffffffffu, lo_half ? 0u : mb);
+        m = __uint_as_float(lo_half ? a : b);
+    }
+#else
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+#endif
     const float inv = m > 0.f ? 127.f / m : 0.f;
     int q[8];
     qs = 0;
@@ -607,8 +768,15 @@ __device__ __forceinline__ uint2 a8_entry_quantize(float4 lo, float4 hi, float s
         q[i] = max(-127, min(127, __float2int_rn(x[i] * inv)));
         if (on) qs += q[i];
     }
+#if REDUXQ
+    {
+        const int a = __reduce_add_sync(0xffffffffu, lo_half ? qs : 0), b = __reduce_add_sync(0xffffffffu, lo_half ? 0 : qs);
+        qs = lo_half ? a : b;
+    }
+#else
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+#endif
     return make_uint2((q[0] & 255) | (q[1] & 255) << 8 | (q[2] & 255) << 16 | (uint32_t)(q[3] & 255) << 24,
                       (q[4] & 255) | (q[5] & 255) << 8 | (q[6] & 255) << 16 | (uint32_t)(q[7] & 255) << 24);
 }
@@ -646,7 +814,7 @@ __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int 
                     gsum += red[ti * kw + sl][2 * j];
                     usum += red[ti * kw + sl][2 * j + 1];
                 }
-            op.out[(tile0 + ti) * 8 + j] = gelu_tanh(gsum) * usum;
+            OUT_STORE(op, (tile0 + ti) * 8 + j, gelu_tanh(gsum) * usum);
         }
     } else {
         for (int i = tid; i < np * 16; i += NW * 32) {
@@ -659,9 +827,9 @@ __device__ void pass_epilogue(const Op& op, const float (*red)[16], int np, int 
             int slice, tile;  // without a division (u = so.t0 + idx0 + ti)
             unit_at(*so, op.rows >> 4, idx0 + ti, slice, tile);
             (void)u;
-            op.out[slice * op.rows + tile * 16 + row] = sum;  // partial vector `slice`
+            OUT_STORE(op, slice * op.rows + tile * 16 + row, sum);  // partial vector `slice`
 #else
-            op.out[u / (op.rows / 16) * op.rows + u % (op.rows / 16) * 16 + row] = sum;  // partial vector u / T
+            OUT_STORE(op, u / (op.rows / 16) * op.rows + u % (op.rows / 16) * 16 + row, sum);  // partial vector u / T
 #endif
         }
     }
@@ -879,7 +1047,7 @@ __device__ void attention_op(const Params& P, const Op& op, int in_pubs, const A
                 if (t0 + t < a.splits) acc += __expf(sm.sc[2 * (t0 + t)] - M) * pv[t];
         }
 #endif
-        op.out[h * hd + d] = acc / L;
+        OUT_STORE(op, h * hd + d, acc / L);
     }
     consumers_sync();
     if (tid == 0) {
@@ -917,13 +1085,34 @@ __device__ unsigned sm_stream_cells(const Params& P, int s, int nsm) {
 // mark the chunks full.
 template <int NCH, bool BULK>
 __device__ void produce(const Params& P, unsigned char* smem, uint64_t* full, uint64_t* empty, unsigned total,
-                        int s, int nsm, int lane, int pw) {
+                        int s, int nsm, int lane, int pw, volatile int* hold) {
+    if (NOMBAR) return;
     const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
     const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
+#if PFD
+    unsigned pf = 0;  // chunks [0, pf) requested into L2 (or copied)
+#endif
     for (unsigned c = pw; c < nch; c += NP) {
         const unsigned slot = c % NCH;
         // Mode 5 (the producer alone): a slot is reused once its previous copy has landed.
-        if (c >= NCH) mbar_wait(P.mode == 5 ? &full[slot] : &empty[slot], ((c / NCH) - 1) & 1u, 2, (int)c);
+        if (c >= NCH) {
+            uint64_t* eb = P.mode == 5 ? &full[slot] : &empty[slot];
+            const unsigned par = ((c / NCH) - 1) & 1u;
+#if PFD
+            // While the slot is still taken, pull the next chunks into L2 (up to PFD ahead).
+            if (pf < c) pf = c;
+            const unsigned lim = min(nch, c + PFD);
+            while (pf < lim && P.mode != 3 && P.mode != 4 && !P.interleave && !mbar_done_now(eb, par)) {
+                if (THROTTLE && *hold) {
+                    __nanosleep(32);
+                    continue;
+                }
+                if (lane == 0) l2_prefetch(src + (size_t)pf * CH_CELLS * CELL_U4, min((unsigned)CH_CELLS, total - pf * CH_CELLS) * CELL_BYTES);
+                pf++;
+            }
+#endif
+            mbar_wait(eb, par, 2, (int)c);
+        }
         const unsigned first = c * CH_CELLS;
         const unsigned n16 = min((unsigned)CH_CELLS, total - first) * CELL_U4;
         uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
@@ -932,6 +1121,10 @@ __device__ void produce(const Params& P, unsigned char* smem, uint64_t* full, ui
         if (P.mode == 3 || P.mode == 4) {
             if (BULK ? lane == 0 : true) mbar_arrive(&full[slot]);
         } else if (BULK) {
+#if THROTTLE
+            if (lane == 0)
+                while (*hold) __nanosleep(32);
+#endif
             if (lane == 0) bulk_copy(dst, from, n16 * 16, &full[slot]);
 #if PF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             const unsigned ahead = c + PF * NCH;
@@ -949,6 +1142,108 @@ __device__ void produce(const Params& P, unsigned char* smem, uint64_t* full, ui
     }
 }
 
+#ifndef RFDIAG
+#define RFDIAG 0
+#endif
+#if RINGFLAGS == 2
+// RINGFLAGS=2's landing watcher: waits for every chunk's copy in order (the hardware's mbarrier
+// wait, no spinning) and publishes how many have landed.
+template <int NCH>
+__device__ void watch_landings(uint64_t* full, unsigned total, unsigned* landed, int lane) {
+    if (NOMBAR) return;
+    const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
+    for (unsigned c = 0; c < nch; c++) {
+        mbar_wait(&full[c % NCH], (c / NCH) & 1u, 1, (int)c);
+        __syncwarp();
+        if (lane == 0) st_release_cta(landed, c + 1);
+    }
+}
+#endif
+#if RINGFLAGS
+// The producer warp with RINGFLAGS: copies chunk c into its slot once chunk c - NCH has landed
+// and every consumer warp's word has passed it, and publishes landings in order. Modes 3-4 (no
+// copies) count a chunk as landed when it is "issued"; mode 5 ignores the consumers.
+template <int NCH, bool BULK>
+__device__ void produce_flags(const Params& P, unsigned char* smem, uint64_t* full, unsigned total, int s, int nsm,
+                              int lane, volatile int* hold, unsigned* landed, const unsigned* wdone) {
+    if (NOMBAR) return;
+    const uint4* src = P.stream + P.sm_base[s] * CELL_U4;
+    const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
+    const bool nocopy = P.mode == 3 || P.mode == 4;
+#if RFDIAG
+    if (nocopy) {
+        if (lane == 0) st_release_cta(landed, nch);
+        return;
+    }
+#endif
+    unsigned issued = 0, done = 0;
+#if PFD
+    unsigned pf = 0;  // chunks [0, pf) requested into L2 (or copied)
+#endif
+    unsigned long long t0 = 0;
+    for (unsigned n = 1; done < nch; n++) {
+        bool moved = false;
+        if (issued < nch && (issued < NCH || done > issued - NCH)) {
+            unsigned freed = 0xffffffffu;  // chunks every consumer warp is done with
+            if (P.mode != 5) {
+                freed = lane < NW ? ld_acquire_cta(wdone + lane) : 0xffffffffu;
+                freed = __reduce_min_sync(0xffffffffu, freed);
+            }
+            bool go = issued < NCH || freed > issued - NCH;
+#if THROTTLE
+            go = go && !*hold;
+#endif
+            if (go) {
+                const unsigned c = issued, slot = c % NCH;
+                const unsigned n16 = min((unsigned)CH_CELLS, total - c * CH_CELLS) * CELL_U4;
+                uint4* dst = (uint4*)smem + slot * CH_CELLS * CELL_U4;
+                const uint4* from = P.interleave ? P.stream + ((size_t)c * nsm + s) * CH_CELLS * CELL_U4
+                                                 : src + (size_t)c * CH_CELLS * CELL_U4;
+                if (!nocopy) {
+                    if (BULK) {
+                        if (lane == 0) bulk_copy(dst, from, n16 * 16, &full[slot]);
+                    } else {
+                        for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
+                        cp_async_arrive(&full[slot]);
+                    }
+                }
+                issued++;
+                moved = true;
+            }
+        }
+        if (done < issued && (nocopy || mbar_done_now(&full[done % NCH], (done / NCH) & 1u))) {
+            done++;
+            __syncwarp();
+            if (lane == 0) st_release_cta(landed, done);
+            moved = true;
+        }
+        if (!moved) {
+#if PFD
+            // Nothing to copy or publish: pull the next chunk into L2 (up to PFD beyond the copies).
+            if (pf < issued) pf = issued;
+            if (pf < nch && pf < issued + PFD && !nocopy && !P.interleave && !(THROTTLE && *hold)) {
+                if (lane == 0) l2_prefetch(src + (size_t)pf * CH_CELLS * CELL_U4, min((unsigned)CH_CELLS, total - pf * CH_CELLS) * CELL_BYTES);
+                pf++;
+                continue;
+            }
+#endif
+            if ((n & 1023) == 0 && watchdog(t0, 2, (int)done, 0)) return;
+#if PSLEEP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (done < issued && !nocopy) {  // a copy in flight: sleep until it lands (at most PSLEEP ns)
+                asm volatile(
+                    "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2; }" ::"r"(
+                        smem_u32(&full[done % NCH])),
+                    "r"((done / NCH) & 1u), "r"((unsigned)PSLEEP)
+                    : "memory");
+                continue;
+            }
+#endif
+            __nanosleep(PNAP);
+        }
+    }
+}
+#endif
+
 // NCH ring chunks; BULK: the producer copies a chunk with one bulk copy (sm_90's TMA), else with
 // cp.async by its 32 lanes.
 template <int NCH, bool BULK>
@@ -958,6 +1253,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     __shared__ float red[2][NW][16];
     __shared__ float wsum[NW];
     __shared__ AttnSmem attn_sm;
+    __shared__ volatile int hold;  // THROTTLE: the consumers are publishing
 #if OFFSET
     __shared__ float xsum[96];  // per group: sum of the input
 #endif
@@ -976,13 +1272,43 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     uint2* xf = (uint2*)(smem + (size_t)NCH * CH_CELLS * CELL_BYTES);  // [G][STEPS][8 lanes]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int s = blockIdx.x, nsm = gridDim.x;
-    if (threadIdx.x == 0) ring_init<NCH>(full, empty, BULK ? 1 : 32);
+    if (threadIdx.x == 0) {
+        ring_init<NCH>(full, empty, BULK ? 1 : 32);
+        hold = 0;
+    }
     __syncthreads();
-    const unsigned total = sm_stream_cells(P, s, nsm);
-    if (warp >= NW) {
-        produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane, warp - NW);
+    if (P.stamps && s == nsm - 1 && threadIdx.x == 0) P.stamps[8 * P.n_ops] = stamp_now();  // the block starts
+    // From the host: counting them here (every thread walking all operation records) cost 144 µs
+    // per launch (measured, tenth session: the chain 1.56 -> 1.41 ms; PROTO_DEVTOTAL=1 counts here).
+    const unsigned total = P.sm_total ? P.sm_total[s] : sm_stream_cells(P, s, nsm);
+#if RINGFLAGS
+    __shared__ unsigned landed_w, wdone_w[NW];
+    if (threadIdx.x == 0) landed_w = 0;
+    if (threadIdx.x < NW) wdone_w[threadIdx.x] = 0;
+    __syncthreads();
+    R.landed = smem_u32(&landed_w);
+    R.wdone = smem_u32(&wdone_w[warp < NW ? warp : 0]);
+#if RINGFLAGS == 2
+    if (warp == NW + NP) {
+        watch_landings<NCH>(full, total, &landed_w, lane);
         return;
     }
+    if (warp >= NW) {
+        produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane, warp - NW, &hold);
+        return;
+    }
+#else
+    if (warp >= NW) {
+        produce_flags<NCH, BULK>(P, smem, full, total, s, nsm, lane, &hold, &landed_w, wdone_w);
+        return;
+    }
+#endif
+#else
+    if (warp >= NW) {
+        produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane, warp - NW, &hold);
+        return;
+    }
+#endif
 
     if (P.mode == 5) return;
     const int tid = threadIdx.x;  // 0 .. NW * 32 - 1
@@ -1026,10 +1352,12 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #else
 #define OPS P.ops
 #endif
+    if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * P.n_ops + 1] = stamp_now();  // set-up done
     unsigned base = 0;            // stream position of the operation's first cell
     int pc = 0;                   // passes so far (red[] parity)
     for (int k = 0; k < P.n_ops; k++) {
-        const Op op = OPS[k];
+        Op op = OPS[k];
+        if (REPL > 1) op.in += (size_t)(s % REPL) * op.in_rep;  // this SM's copy of the input
         int t0, nt;  // this SM's units
 #if OPSMEM
         const SmOp so = units_s[k];
@@ -1090,6 +1418,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             const int e = e0 + tid + j * NW * 32;
             if (e < e1) ss += a8_entry_load(P, op, e >> 4, (e >> 2) & 3, e & 3, va[j], vb[j]);
         }
+        if (P.stamps && s == nsm - 1 && tid == 0 && ss != -1.f) P.stamps[8 * k + 7] = stamp_now();  // loads done
         const float scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
 #pragma unroll
         for (int j = 0; j < MAXJ / 2; j++) {
@@ -1136,6 +1465,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                 ss += lo.x * lo.x + lo.y * lo.y + hi.x * hi.x + hi.y * hi.y;
             }
         }
+        if (P.stamps && s == nsm - 1 && tid == 0 && ss != -1.f) P.stamps[8 * k + 7] = stamp_now();  // loads done
         const float scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
 #pragma unroll
         for (int j = 0; j < MAXJ; j++) {
@@ -1163,6 +1493,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         }
 #endif
         consumers_sync();
+        if (THROTTLE == 2 && tid == 0) hold = 0;  // the input is read: the stream may go on
         if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 1] = stamp_now();
 
         for (int p = 0; p * NW < nt; p++, pc++) {
@@ -1243,6 +1574,9 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #endif
             if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 4] = stamp_now();
             consumers_sync();
+            // The last pass's cells are all done (not before this barrier: a warp still in its
+            // cells may need a chunk not yet copied): hold the stream while the operation publishes.
+            if (THROTTLE && tid == 0 && (p + 1) * NW >= nt) hold = 1;
             if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * k + 5] = stamp_now();
 #if OPSMEM
             pass_epilogue(op, red[pc & 1], q.np, q.kw, t0 + p * NW, tid, &so, p * NW);
@@ -1260,12 +1594,14 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         consumers_sync();
         if (tid == 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+            if (THROTTLE == 1) hold = 0;
             if (P.stamps && s == nsm - 1) P.stamps[8 * k + 3] = stamp_now();
             if (P.skew) P.skew[((size_t)k * nsm + s) * 2 + 1] = global_ns();
         }
         base = next_base;
     }
     R.release_to((total + CH_CELLS - 1) / CH_CELLS * CH_CELLS, lane);
+    if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * P.n_ops + 2] = stamp_now();  // consumers done
 }
 
 // ---- reference: one warp per output row, from the canonical cell layout ----
@@ -1646,12 +1982,14 @@ int main(int argc, char** argv) {
     // out; S is the smallest of 1-4 within 2% of the best share (GeGLU rows need whole K: S = 1).
     // Units are slice-major, so an SM's few units of an operation without a norm share one or two
     // K slices and it builds only those slices' input fragments.
+    // PROTO_SMAX=N: at most N slices (every consumer SM reads all S partial vectors of its input).
     const bool balanced = !(getenv("PROTO_BALANCE") && !strcmp(getenv("PROTO_BALANCE"), "0"));
+    const int smax = getenv("PROTO_SMAX") ? std::max(1, std::min(4, atoi(getenv("PROTO_SMAX")))) : 4;
     if (balanced)
         for (HostOp& o : ops) {
             const int T = o.rows / 16, G = o.K / GC;
             long long best = -1;
-            for (int S = 1; S <= 4; S++) {
+            for (int S = 1; S <= smax; S++) {
                 if (G % S || (o.glu && S > 1)) continue;
                 const long long m = ((long long)T * S + P - 1) / P * (G / S);
                 if (best < 0 || m * 102 < best * 100) best = m, o.S = S;
@@ -1670,7 +2008,7 @@ int main(int argc, char** argv) {
             CK(cudaMalloc(&wts[k], nc * CELL_BYTES));
             make_cells<<<(unsigned)((nc * (CELL_BYTES / 4) + 255) / 256), 256>>>(wts[k], nc, ops[k].K, 1234u + k);
         }
-        CK(cudaMalloc(&outs[k], (size_t)ops[k].S * ops[k].out_n * sizeof(float)));  // S partial vectors
+        CK(cudaMalloc(&outs[k], (size_t)REPL * ops[k].S * ops[k].out_n * sizeof(float)));  // S partial vectors, REPL copies
         CK(cudaMalloc(&ref_outs[k], ops[k].out_n * sizeof(float)));
         if (ops[k].glu) CK(cudaMalloc(&raw[k], ops[k].rows * sizeof(float)));
     }
@@ -1688,6 +2026,7 @@ int main(int argc, char** argv) {
     std::vector<long long> map;
     map.reserve(cells_total);
     std::vector<long long> sm_base(P + 1);
+    std::vector<unsigned> sm_total(P);
     for (int s = 0; s < P; s++) {
         sm_base[s] = (long long)map.size();
         for (int k = 0; k < n_ops; k++) {
@@ -1706,6 +2045,7 @@ int main(int argc, char** argv) {
                         }
             }
         }
+        sm_total[s] = (unsigned)(map.size() - sm_base[s]);
         // Every SM's stream starts 128-byte aligned (8 cells = 66 lines): bulk copies from 32- or
         // 64-byte aligned sources stream at ~3.6 TB/s against 4.5 (proto/stream_rate.cu).
         while (map.size() % 8) map.push_back(-1);
@@ -1726,6 +2066,9 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(dmap, map.data(), stream_cells * sizeof(long long), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dsrcs, wts.data(), n_ops * sizeof(uint4*), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dbase, sm_base.data(), (P + 1) * sizeof(long long), cudaMemcpyHostToDevice));
+    unsigned* dtotal;
+    CK(cudaMalloc(&dtotal, P * sizeof(unsigned)));
+    CK(cudaMemcpy(dtotal, sm_total.data(), P * sizeof(unsigned), cudaMemcpyHostToDevice));
     gather_cells<<<(unsigned)((stream_cells * CELL_U4 + 255) / 256), 256>>>(stream, dsrcs, dmap, stream_cells);
     CK(cudaDeviceSynchronize());
     // The same streams interleaved by chunk across SMs (padded to the longest), so the SMs read
@@ -1768,6 +2111,8 @@ int main(int argc, char** argv) {
         o.in_stride = ops[k].in_op < 0 ? 0 : ops[ops[k].in_op].out_n;
         o.attn = ops[k].attn;
         o.pubs = ops[k].attn >= 0 ? 8 : P;  // attention: one publication per head
+        o.rep = ops[k].S * ops[k].out_n;
+        o.in_rep = ops[k].in_op < 0 ? 0 : ops[ops[k].in_op].S * ops[ops[k].in_op].out_n;
         if (o.G > maxG) maxG = o.G;
         if (o.G * (STEPS * 4) > MAXJ * NW * 32) { fprintf(stderr, "K too large\n"); return 1; }
     }
@@ -1809,7 +2154,7 @@ int main(int argc, char** argv) {
     unsigned* done;
     CK(cudaMalloc(&done, n_ops * sizeof(unsigned)));
     unsigned long long* stamps;
-    CK(cudaMalloc(&stamps, 8 * n_ops * sizeof(unsigned long long)));
+    CK(cudaMalloc(&stamps, 8 * (n_ops + 1) * sizeof(unsigned long long)));
 
     const size_t xf_bytes = (size_t)maxG * (STEPS * 8) * sizeof(uint2);
     const size_t ops_bytes = OPSMEM ? (size_t)n_ops * (sizeof(Op) + sizeof(SmOp)) : 0;  // operation table, SM shares (OPSMEM)
@@ -1881,6 +2226,7 @@ int main(int argc, char** argv) {
         for (const char* c = getenv("PROTO_MODES"); *c; c++)
             if (*c >= '0' && *c <= '5') mode_mask |= 1 << (*c - '0');
     }
+    if (NOMBAR) mode_mask = 1 << 4;  // without the ring's bookkeeping only "cells only" is meaningful
     const char* names[6] = {"full chain", "no input waits", "stream only", "compute only", "cells only", "producer only"};
     for (const Cfg& cfg : cfgs) {
     const size_t smem = (size_t)cfg.nch * CH_CELLS * CELL_BYTES + xf_bytes + ops_bytes;
@@ -1894,13 +2240,14 @@ int main(int argc, char** argv) {
         if (!(mode_mask >> mode & 1)) continue;
         CK(cudaMemset(done, 0, n_ops * sizeof(unsigned)));
         if (hcnt) CK(cudaMemset(hcnt, 0, (size_t)n_attn * 8 * sizeof(unsigned)));
-        CK(cudaMemset(stamps, 0, 8 * n_ops * sizeof(unsigned long long)));
+        CK(cudaMemset(stamps, 0, 8 * (n_ops + 1) * sizeof(unsigned long long)));
         Params prm;
         prm.ops = dops;
         prm.n_ops = n_ops;
         prm.stream = cfg.il ? istream : stream;
         prm.interleave = cfg.il;
         prm.sm_base = dbase;
+        prm.sm_total = getenv("PROTO_DEVTOTAL") ? nullptr : dtotal;  // PROTO_DEVTOTAL=1: counted on the device (as before)
         prm.done = done;
         prm.attn = dattn;
         prm.mode = mode;
@@ -1995,13 +2342,19 @@ int main(int argc, char** argv) {
             prm.epoch = ++epoch;
             cfg.k<<<P, THREADS, smem>>>(prm);
             sync();
-            std::vector<unsigned long long> st(8 * n_ops);
+            std::vector<unsigned long long> st(8 * (n_ops + 1));
             CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
             const char* kinds[] = {"qkv", "attn", "o", "gate_up", "down", "ple_gate", "ple_proj", "lm_head"};
+            if (st[8 * n_ops] && st[8 * n_ops + 1] && st[8 * n_ops + 2])
+                printf("last SM, one step: block start -> set-up done %.2f µs -> first operation published %.2f -> "
+                       "last published %.2f -> consumers done %.2f\n",
+                       (double)(st[8 * n_ops + 1] - st[8 * n_ops]) / sm_mhz, (double)(st[3] - st[8 * n_ops + 1]) / sm_mhz,
+                       (double)(st[8 * (n_ops - 1) + 3] - st[3]) / sm_mhz,
+                       (double)(st[8 * n_ops + 2] - st[8 * (n_ops - 1) + 3]) / sm_mhz);
             printf("last SM, one step: per operation, µs from the previous operation's end (input wait "
                    "+ prologue + compute) / of which after the input was ready: inputs built, cells, publish (cycle stamps)\n");
             for (const char* kn : kinds) {
-                double tot = 0, aft = 0, pro = 0, cel = 0, pub = 0, c_own = 0, c_bar = 0, fill = 0;
+                double tot = 0, aft = 0, pro = 0, cel = 0, pub = 0, c_own = 0, c_bar = 0, fill = 0, ld = 0;
                 int n = 0;
                 for (int k = 1; k < n_ops; k++) {
                     if (ops[k].name != kn) continue;
@@ -2009,6 +2362,7 @@ int main(int argc, char** argv) {
                     aft += (double)(st[8 * k + 3] - st[8 * k]) / sm_mhz;
                     if (st[8 * k + 1] && st[8 * k + 2]) {
                         pro += (double)(st[8 * k + 1] - st[8 * k]) / sm_mhz;
+                        if (st[8 * k + 7]) ld += (double)(st[8 * k + 7] - st[8 * k]) / sm_mhz;
                         cel += (double)(st[8 * k + 2] - st[8 * k + 1]) / sm_mhz;
                         pub += (double)(st[8 * k + 3] - st[8 * k + 2]) / sm_mhz;
                         fill += (double)st[8 * k + 6];
@@ -2020,9 +2374,9 @@ int main(int argc, char** argv) {
                     n++;
                 }
                 if (n)
-                    printf("  %-9s x%-3d %7.2f / %7.2f: %6.2f %6.2f %6.2f   (cells: %.2f to the last pass barrier, "
-                           "%.2f in it; ring %.1f of %d chunks landed at input ready)\n",
-                           kn, n, tot / n, aft / n, pro / n, cel / n, pub / n, c_own / n, c_bar / n, fill / n, cfg.nch);
+                    printf("  %-9s x%-3d %7.2f / %7.2f: %6.2f %6.2f %6.2f   (inputs loaded at %.2f; cells: %.2f to the last "
+                           "pass barrier, %.2f in it; ring %.1f of %d chunks landed at input ready)\n",
+                           kn, n, tot / n, aft / n, pro / n, cel / n, pub / n, ld / n, c_own / n, c_bar / n, fill / n, cfg.nch);
             }
         }
         if (skew_report && mode == 0) {
