@@ -11,8 +11,9 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
-#         pending: the streamed-step prototype's measurements (link cost, cell rate, the
-#         default against OPSMEM=0, --tiny, --ctx, W16; scripts/proto-stream.sh; nvcc there, ~3 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
+#         with attention, --tiny, --skew, the cell rate, bf16; scripts/proto-stream.sh; nvcc there,
+#         ~1 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -59,32 +60,21 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
   if has pending; then
-    # The streamed-step prototype and the link benchmark (docs/performance.md, ninth session):
-    # the cost of one link (proto/link_rate.cu), the consumers' arithmetic alone (--cell-rate),
-    # the default build against OPSMEM=0 (default first and last), --tiny, bf16 weights (W16),
-    # attention in the chain (--ctx 640).
+    # The streamed-step prototype's defaults re-measured (docs/performance.md, "The streamed step,
+    # tenth session"): the W4A8 chain on the 11-chunk ring (full chain, stream only, cells only),
+    # with attention (ctx 640), --tiny, --skew, the cell rate, bf16 with and without attention,
+    # and the mbarrier ring (RINGFLAGS=0) as the reference; one parallel build first.
     stage "streamed-step prototype"
-    local P=crates/hayai-cuda/proto
-    # Every configuration built once, in parallel (the machine has 16 cores); the calls below reuse them.
-    BUILDS="A8=1 A8=1,OPSMEM=0 W16=1 A8=1,DP4A=1 W16=1,CH_CELLS=16 A8=1,ATTSTAGE=1" PROTO_BUILD_ONLY=1 timeout 300 \
+    BUILDS="A8=1 A8=1,RINGFLAGS=0,PFD=0 W16=1,CH_CELLS=16" PROTO_BUILD_ONLY=1 timeout 300 \
       scripts/proto-stream.sh > "$out/proto.log" 2>&1 || echo "proto builds failed" >> "$out/proto.log"
     export PROTO_REUSE=1
-    nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/link_rate "$P/link_rate.cu" && \
-      { /tmp/link_rate --n 2560; /tmp/link_rate --n 10240; } >> "$out/proto.log" 2>&1
-    BUILDS="A8=1 A8=1,OPSMEM=0 A8=1" PROTO_MODES=04 timeout 300 scripts/proto-stream.sh --iters 20 --chunks 8 >> "$out/proto.log" 2>&1
-    BUILDS="A8=1 W16=1" timeout 120 scripts/proto-stream.sh --cell-rate >> "$out/proto.log" 2>&1
-    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --tiny >> "$out/proto.log" 2>&1
+    BUILDS="A8=1 A8=1,RINGFLAGS=0,PFD=0 A8=1" PROTO_MODES=024 timeout 300 scripts/proto-stream.sh --iters 20 --chunks 11 >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
-    BUILDS="W16=1" PROTO_MODES=025 timeout 200 scripts/proto-stream.sh --iters 10 >> "$out/proto.log" 2>&1
-    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 10 --ctx 640 >> "$out/proto.log" 2>&1
-    # Written after the ninth session's device time ran out: every SM's publish times (--skew),
-    # the DP4A cell's rate, attention's K/V staged before the wait (ATTSTAGE, A/B with the
-    # default first and last), 32-KB bf16 chunks in 4- and 5-deep rings.
-    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 8 --skew >> "$out/proto.log" 2>&1
-    BUILDS="A8=1,DP4A=1" timeout 120 scripts/proto-stream.sh --cell-rate >> "$out/proto.log" 2>&1
-    BUILDS="A8=1 A8=1,ATTSTAGE=1 A8=1" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
-    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 5 >> "$out/proto.log" 2>&1
-    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=02 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 >> "$out/proto.log" 2>&1
+    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 11 --tiny >> "$out/proto.log" 2>&1
+    BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 11 --skew >> "$out/proto.log" 2>&1
+    BUILDS="A8=1 W16=1,CH_CELLS=16" timeout 120 scripts/proto-stream.sh --cell-rate >> "$out/proto.log" 2>&1
+    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 >> "$out/proto.log" 2>&1
+    BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 --ctx 640 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
   fi

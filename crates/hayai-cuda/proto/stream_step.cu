@@ -695,9 +695,10 @@ __device__ __forceinline__ float consumers_rms_scale(float ss, int K, float* wsu
 
 // REPL=R: every operation writes R copies of its output and SM s reads copy s % R, so the 132
 // SMs' reads of the same vector spread over R times as many L2 lines (each line of an input is
-// otherwise read by every SM at once).
+// otherwise read by every SM at once). Measured (tenth session, W4A8, 11-chunk ring): 1.328 ->
+// 1.301 ms with 4 copies (2 and 4 also -1% on the 8-chunk ring; 8 no better); the W4A8 default.
 #ifndef REPL
-#define REPL 1
+#define REPL (A8 && !KW1DIRECT ? 4 : 1)
 #endif
 #if REPL > 1 && KW1DIRECT
 #error "KW1DIRECT stores one copy"
@@ -1994,6 +1995,11 @@ int main(int argc, char** argv) {
                 const long long m = ((long long)T * S + P - 1) / P * (G / S);
                 if (best < 0 || m * 102 < best * 100) best = m, o.S = S;
             }
+            // PROTO_S_O=N: the O projection's slices at most N (its consumer, gate/up, reads them all).
+            if (o.name == "o" && getenv("PROTO_S_O")) {
+                const int so = std::max(1, atoi(getenv("PROTO_S_O")));
+                while (o.S > so || G % o.S) o.S--;
+            }
         }
 
     // Canonical weights per operation, outputs.
@@ -2156,7 +2162,11 @@ int main(int argc, char** argv) {
     unsigned long long* stamps;
     CK(cudaMalloc(&stamps, 8 * (n_ops + 1) * sizeof(unsigned long long)));
 
-    const size_t xf_bytes = (size_t)maxG * (STEPS * 8) * sizeof(uint2);
+    // B fragments: W4A8 needs 16 entries per group, the bf16-pair paths STEPS x 8; attention stages
+    // its K/V tiles in the same place (ATTSTAGE), so with attention it keeps the larger size.
+    // PROTO_XF_SMALL=1: the fragments' size with attention too (less staging, a deeper ring).
+    const bool xf_small = A8 && (ctx == 0 || getenv("PROTO_XF_SMALL"));
+    const size_t xf_bytes = (size_t)maxG * (xf_small ? 16 : STEPS * 8) * sizeof(uint2);
     const size_t ops_bytes = OPSMEM ? (size_t)n_ops * (sizeof(Op) + sizeof(SmOp)) : 0;  // operation table, SM shares (OPSMEM)
     const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4 - sizeof(AttnSmem) - ops_bytes;
     const int fit = (int)((avail - xf_bytes) / (CH_CELLS * CELL_BYTES));
