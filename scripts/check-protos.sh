@@ -36,4 +36,6 @@ build sm_90 stream_step.cu -DA8=1 -DRINGFLAGS=0 -DPFD=0 -DTHROTTLE=2
 build sm_90 stream_step.cu -DA8=1 -DRINGFLAGS=2 -DNOMBAR=1
 build sm_90 stream_step.cu -DA8=1 -DRFDIAG=1 -DREPL=1 -DREDUXQ=0 -DPSLEEP=0
 build sm_86 stream_step.cu -DA8=1 -DRINGFLAGS=0
+build sm_90 stream_step.cu -DA8=1 -DREAL=1
+build sm_86 stream_step.cu -DA8=1 -DREAL=1
 echo "prototypes compile ($n builds)"

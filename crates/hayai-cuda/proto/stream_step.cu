@@ -108,12 +108,24 @@ struct AttnOp {
     unsigned* hcnt;           // [heads] splits finished (monotonic over launches)
 };
 
+// REAL's per-operation input phase (see REAL below).
+enum { RES_NONE = 0, RES_POST_PRE = 1, RES_PRE = 2, RES_POST = 3, RES_GELU_PLE = 4 };
+struct OpReal {
+    int res;               // RES_*
+    float scalar;          // layer_scalar applied to h after the residual add (RES_POST_PRE)
+    const __nv_bfloat16* w_post;  // post-norm weights of the incoming output (RES_POST_PRE, RES_POST)
+    const __nv_bfloat16* w_pre;   // pre-norm weights of h (RES_POST_PRE, RES_PRE)
+    const __nv_bfloat16* ple;     // RES_GELU_PLE: input = gelu(incoming) x ple
+};
+
 struct Params {
     const Op* ops;
     int n_ops;
     const uint4* stream;              // all SMs' streams
     const long long* sm_base;         // first cell of SM s's stream
     const unsigned* sm_total;         // cells in SM s's stream (worked out on the host)
+    const OpReal* real;               // REAL: per operation (null: off)
+    const float* x0;                  // REAL: the embedding (h before layer 0)
     int interleave;                   // stream chunk c of SM s at chunk c * SMs + s of `stream`
     const AttnOp* attn;               // attention operations (--ctx)
     unsigned* done;                   // per-operation counters (monotonic over launches)
@@ -693,6 +705,25 @@ __device__ __forceinline__ float consumers_rms_scale(float ss, int K, float* wsu
     return rsqrtf(t / (float)K + 1e-6f);
 }
 
+// REAL=1 (W4A8): the input phases a Gemma 4 step needs. Each SM keeps the residual vector h in
+// shared memory, updated identically everywhere (nobody writes it back): QKV and gate/up (and
+// lm_head) add the post-normed incoming output to h (scaled by layer_scalar before QKV and
+// lm_head) and then pre-normalize h — two block reductions; the PLE gate adds the post-normed
+// down output to h and takes h as it is; the PLE projection's input is gelu(gate) x ple. Norm
+// weights are read before the input's wait (they do not depend on it). Layer 0's QKV takes h =
+// the embedding. Not yet: the PLE model projection's per-layer RMSNorm (ple here is a fixed
+// vector per layer), q/k norms, RoPE, the KV append, the argmax. Measured (tenth session, 10-chunk
+// ring): the GEMV chain 1.301 -> 1.503 ms, with attention (ctx 640, 8 chunks) 1.738 -> 1.956 ms;
+// checked (rel L2 1.6e-4: the host's h rounds differently, so an input can quantize to the next
+// step). One block reduction for both statistics (sum h'^2 expanded into sums of h^2, h x w and
+// (x w)^2) measured slower (1.566 ms: more live registers, spills) and was removed.
+#ifndef REAL
+#define REAL 0
+#endif
+#if REAL && (!A8 || !OPSMEM)
+#error "REAL is written for the W4A8 input path with OPSMEM's shares"
+#endif
+
 // REPL=R: every operation writes R copies of its output and SM s reads copy s % R, so the 132
 // SMs' reads of the same vector spread over R times as many L2 lines (each line of an input is
 // otherwise read by every SM at once). Measured (tenth session, W4A8, 11-chunk ring): 1.328 ->
@@ -1253,6 +1284,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     __shared__ uint64_t full[NCH], empty[NCH];
     __shared__ float red[2][NW][16];
     __shared__ float wsum[NW];
+#if REAL
+    __shared__ float wsum2[NW];   // the second reduction's warp sums (the first's may still be read)
+    __shared__ float hres[2560];  // the residual vector, this SM's copy
+#endif
     __shared__ AttnSmem attn_sm;
     __shared__ volatile int hold;  // THROTTLE: the consumers are publishing
 #if OFFSET
@@ -1353,6 +1388,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
 #else
 #define OPS P.ops
 #endif
+#if REAL
+    for (int i = tid; i < 2560; i += NW * 32) hres[i] = P.x0[i];
+    consumers_sync();
+#endif
     if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * P.n_ops + 1] = stamp_now();  // set-up done
     unsigned base = 0;            // stream position of the operation's first cell
     int pc = 0;                   // passes so far (red[] parity)
@@ -1379,11 +1418,36 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
                          (unsigned char*)xf);
             continue;
         }
-        if (nt == 0) {  // nothing to compute; still counted, the consumers wait for every SM
+#if REAL
+        // The residual's updates happen on every SM (each keeps its own h), units or not.
+        const OpReal rl = P.real[k];
+        const bool h_update = rl.res == RES_POST_PRE || rl.res == RES_POST;
+#else
+        const bool h_update = false;
+#endif
+        if (nt == 0 && !h_update) {  // nothing to compute; still counted, the consumers wait for every SM
             if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
             base = next_base;
             continue;
         }
+#if REAL
+        // Weights of this thread's entry's 8 inputs (bf16, as checkpoints store norm weights), read
+        // before the wait: they do not depend on it.
+        uint2 wpo[2] = {}, wpr[2] = {};
+        int base_i;  // the entry's first input; its 8 are base_i + 0..3 and base_i + 16..19
+        {
+            const int e = (int)so.g0 * 16 + tid;
+            base_i = (e >> 4) * 128 + ((e >> 2) & 3) * 32 + 4 * (e & 3);
+            if (e < (int)so.g1 * 16) {
+                const __nv_bfloat16* wp = rl.ple ? rl.ple : rl.w_post;
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    if (wp) wpo[h2] = __ldg((const uint2*)(wp + base_i + 16 * h2));
+                    if (rl.w_pre) wpr[h2] = __ldg((const uint2*)(rl.w_pre + base_i + 16 * h2));
+                }
+            }
+        }
+#endif
         // The input: wait for its producer, read it (L2, not L1: other SMs wrote it), normalize.
         if (P.mode == 0 && op.in_op >= 0) {
 #if POLLW
@@ -1420,7 +1484,63 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
             if (e < e1) ss += a8_entry_load(P, op, e >> 4, (e >> 2) & 3, e & 3, va[j], vb[j]);
         }
         if (P.stamps && s == nsm - 1 && tid == 0 && ss != -1.f) P.stamps[8 * k + 7] = stamp_now();  // loads done
+#if REAL
+        float scale = 1.f;
+        if (rl.res == RES_NONE) {
+            scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
+        } else {
+            // One entry per thread (e = e0 + tid): va[0] / vb[0] hold the incoming values.
+            const bool mine = e0 + tid < e1;
+            float x[8] = {va[0].x, va[0].y, va[0].z, va[0].w, vb[0].x, vb[0].y, vb[0].z, vb[0].w};
+            float wpost[8], wpre[8];
+            int hidx[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                hidx[i] = base_i + (i < 4 ? i : 12 + i);
+                const uint32_t a = i & 2 ? wpo[i >> 2].y : wpo[i >> 2].x, b = i & 2 ? wpr[i >> 2].y : wpr[i >> 2].x;
+                wpost[i] = __uint_as_float(i & 1 ? a & 0xFFFF0000u : a << 16);
+                wpre[i] = __uint_as_float(i & 1 ? b & 0xFFFF0000u : b << 16);
+            }
+            if (rl.res == RES_GELU_PLE) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) x[i] = gelu_tanh(x[i]) * wpost[i];
+            } else {
+                float h[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) h[i] = mine ? hres[hidx[i]] : 0.f;
+                if (rl.res != RES_PRE) {
+                    const float r1 = consumers_rms_scale(ss, op.K, wsum, warp, lane);  // post-norm of the incoming
+#pragma unroll
+                    for (int i = 0; i < 8; i++) h[i] = (h[i] + x[i] * r1 * wpost[i]) * rl.scalar;
+                    if (mine) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) hres[hidx[i]] = h[i];
+                    }
+                }
+                if (rl.res == RES_POST) {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) x[i] = h[i];
+                } else {
+                    float s2 = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) s2 += h[i] * h[i];
+                    const float r2 = consumers_rms_scale(s2, op.K, wsum2, warp, lane);  // pre-norm of h
+#pragma unroll
+                    for (int i = 0; i < 8; i++) x[i] = h[i] * r2 * wpre[i];
+                }
+            }
+            va[0] = make_float4(x[0], x[1], x[2], x[3]);
+            vb[0] = make_float4(x[4], x[5], x[6], x[7]);
+        }
+        if (nt == 0) {  // h updated; nothing to compute here
+            consumers_sync();
+            if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+            base = next_base;
+            continue;
+        }
+#else
         const float scale = op.norm ? consumers_rms_scale(ss, op.K, wsum, warp, lane) : 1.f;
+#endif
 #pragma unroll
         for (int j = 0; j < MAXJ / 2; j++) {
             const int e = e0 + tid + j * NW * 32;
@@ -1928,7 +2048,7 @@ int main(int argc, char** argv) {
     }
 
     // The operation list (E4B shapes).
-    struct HostOp { int rows, K, norm, glu, in_op, in_off, out_n; std::string name; int S = 1; int attn = -1; };
+    struct HostOp { int rows, K, norm, glu, in_op, in_off, out_n; std::string name; int S = 1; int attn = -1; int res = 0; int layer = 0; };
     std::vector<HostOp> ops;
     const int H = 2560, FF = 10240, PLE = 256;
     std::vector<std::pair<int, int>> attn_layer;  // per attention operation: head dim, window
@@ -1942,6 +2062,9 @@ int main(int argc, char** argv) {
         const int qkv = 8 * hd + (own_kv ? 4 * hd : 0);
         const int q = (int)ops.size();
         ops.push_back({qkv, H, 1, 0, h_op, 0, qkv, "qkv"});
+        ops.back().res = l == 0 ? RES_PRE : RES_POST_PRE;
+        ops.back().layer = l;
+        if (REAL && l == 0) ops.back().in_op = -1;  // h = the embedding: no producer
         int o_in = q;  // without attention, O reads the QKV output's first 8 hd values
         if (ctx > 0) {
             // Attention: layer l's own cache, or (KV-shared layers) the last own layer's of its kind.
@@ -1956,12 +2079,20 @@ int main(int argc, char** argv) {
         const int o = (int)ops.size();
         ops.push_back({H, 8 * hd, 0, 0, o_in, 0, H, "o"});
         ops.push_back({2 * FF, H, 1, 1, o, 0, FF, "gate_up"});
+        ops.back().res = RES_POST_PRE;
         ops.push_back({H, FF, 0, 0, o + 1, 0, H, "down"});
         ops.push_back({PLE, H, 1, 0, o + 2, 0, PLE, "ple_gate"});
+        ops.back().res = RES_POST;
         ops.push_back({H, PLE, 0, 0, o + 3, 0, H, "ple_proj"});
+        ops.back().res = RES_GELU_PLE;
+        for (int j = o; j < (int)ops.size(); j++) ops[j].layer = l;
         h_op = o + 4;
     }
     ops.push_back({262144, H, 1, 0, h_op, 0, 262144, "lm_head"});
+    ops.back().res = RES_POST_PRE;
+    ops.back().layer = layers;
+    if (!REAL)
+        for (HostOp& o : ops) o.res = RES_NONE;
     if (tiny && ctx > 0) { fprintf(stderr, "--tiny models no attention (leave out --ctx)\n"); return 2; }
     if (ctx > 4096) { fprintf(stderr, "--ctx is at most 4096 here\n"); return 2; }
     if (tiny) {
@@ -2125,6 +2256,70 @@ int main(int argc, char** argv) {
     Op* dops;
     CK(cudaMalloc(&dops, n_ops * sizeof(Op)));
     CK(cudaMemcpy(dops, hops.data(), n_ops * sizeof(Op), cudaMemcpyHostToDevice));
+    // REAL: norm weights U(0.5, 1.5), layer scalars U(0.5, 1), per-layer PLE vectors U(-1, 1).
+    std::vector<std::vector<float>> hw(6, std::vector<float>(H));
+    std::vector<float> hple((size_t)(layers + 1) * PLE), hls(layers + 1);
+    {
+        unsigned st = 12345u;
+        auto rnd = [&st]() { st = st * 1664525u + 1013904223u; return (st >> 8) * (1.f / 16777216.f); };
+        for (auto& v : hw)
+            for (float& x : v) x = 0.5f + rnd();
+        for (float& x : hple) x = 2.f * rnd() - 1.f;
+        for (float& x : hls) x = 0.5f + 0.5f * rnd();
+    }
+    // bf16 on the device (as checkpoints store them); the host keeps the same rounded values.
+    auto to_bf16 = [](std::vector<float>& v) {
+        std::vector<uint16_t> b(v.size());
+        for (size_t i = 0; i < v.size(); i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], 4);
+            u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even
+            b[i] = (uint16_t)(u >> 16);
+            u = (uint32_t)b[i] << 16;
+            memcpy(&v[i], &u, 4);
+        }
+        return b;
+    };
+    std::vector<__nv_bfloat16*> dw(6);
+    for (int i = 0; i < 6; i++) {
+        const std::vector<uint16_t> b = to_bf16(hw[i]);
+        CK(cudaMalloc(&dw[i], H * 2));
+        CK(cudaMemcpy(dw[i], b.data(), H * 2, cudaMemcpyHostToDevice));
+    }
+    __nv_bfloat16* dple;
+    {
+        const std::vector<uint16_t> b = to_bf16(hple);
+        CK(cudaMalloc(&dple, b.size() * 2));
+        CK(cudaMemcpy(dple, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+    }
+    std::vector<OpReal> hreal(n_ops);
+    // Which weights each residual step uses (indices into hw): post, pre.
+    auto real_of = [&](const HostOp& o, OpReal& r, int& ipost, int& ipre) {
+        memset(&r, 0, sizeof(r));
+        r.res = o.res;
+        r.scalar = 1.f;
+        ipost = ipre = -1;
+        if (o.name == "qkv") ipost = 3, ipre = 0, r.scalar = o.layer > 0 ? hls[o.layer - 1] : 1.f;
+        if (o.name == "gate_up") ipost = 1, ipre = 2;
+        if (o.name == "ple_gate") ipost = 4;
+        if (o.name == "lm_head") ipost = 3, ipre = 5, r.scalar = hls[layers - 1];
+        if (o.res == RES_PRE) ipost = -1;
+        if (o.res == RES_GELU_PLE) r.ple = dple + (size_t)o.layer * PLE;
+        if (o.res == RES_NONE) ipost = ipre = -1;
+        r.w_post = ipost >= 0 ? dw[ipost] : nullptr;
+        r.w_pre = ipre >= 0 ? dw[ipre] : nullptr;
+    };
+    for (int k = 0; k < n_ops; k++) {
+        int a, b;
+        real_of(ops[k], hreal[k], a, b);
+        if (ops[k].res != RES_NONE && ops[k].res != RES_GELU_PLE && ops[k].K != H && !tiny) {
+            fprintf(stderr, "REAL: a residual operation's K must be the hidden size\n");
+            return 1;
+        }
+    }
+    OpReal* dreal;
+    CK(cudaMalloc(&dreal, n_ops * sizeof(OpReal)));
+    CK(cudaMemcpy(dreal, hreal.data(), n_ops * sizeof(OpReal), cudaMemcpyHostToDevice));
     // Attention: bf16 caches (random, pre-filled), the split scratch, the per-head counters.
     const int n_attn = (int)attn_layer.size(), splits = P / 8;
     if (n_attn > 0 && splits > 16) { fprintf(stderr, "attention: at most 16 splits per head here\n"); return 2; }
@@ -2168,7 +2363,8 @@ int main(int argc, char** argv) {
     const bool xf_small = A8 && (ctx == 0 || getenv("PROTO_XF_SMALL"));
     const size_t xf_bytes = (size_t)maxG * (xf_small ? 16 : STEPS * 8) * sizeof(uint2);
     const size_t ops_bytes = OPSMEM ? (size_t)n_ops * (sizeof(Op) + sizeof(SmOp)) : 0;  // operation table, SM shares (OPSMEM)
-    const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4 - sizeof(AttnSmem) - ops_bytes;
+    const size_t avail = prop.sharedMemPerBlockOptin - 2048 - 2 * NW * 16 * 4 - sizeof(AttnSmem) - ops_bytes -
+                         (REAL ? (2560 + NW) * 4 : 0);  // REAL: the residual vector h
     const int fit = (int)((avail - xf_bytes) / (CH_CELLS * CELL_BYTES));
     const bool hopper = prop.major >= 9;
     // The reference runs per operation on the chain's own input (see the check below).
@@ -2207,7 +2403,8 @@ int main(int argc, char** argv) {
     typedef void (*Kern)(const Params);
     struct Cfg { int nch; bool bulk; bool il; Kern k; };
     std::vector<Cfg> cfgs;
-    const Cfg all[] = {{11, true, false, stream_step<11, true>}, {8, true, false, stream_step<8, true>},
+    const Cfg all[] = {{11, true, false, stream_step<11, true>}, {10, true, false, stream_step<10, true>},
+                       {9, true, false, stream_step<9, true>}, {8, true, false, stream_step<8, true>},
                        {6, true, false, stream_step<6, true>}, {5, true, false, stream_step<5, true>},
                        {4, true, false, stream_step<4, true>}, {3, true, false, stream_step<3, true>}, {11, false, false, stream_step<11, false>}};
     const bool copy_bulk = !getenv("PROTO_COPY") || !strcmp(getenv("PROTO_COPY"), "bulk") || !strcmp(getenv("PROTO_COPY"), "both");
@@ -2258,6 +2455,8 @@ int main(int argc, char** argv) {
         prm.interleave = cfg.il;
         prm.sm_base = dbase;
         prm.sm_total = getenv("PROTO_DEVTOTAL") ? nullptr : dtotal;  // PROTO_DEVTOTAL=1: counted on the device (as before)
+        prm.real = REAL ? dreal : nullptr;
+        prm.x0 = x0;
         prm.done = done;
         prm.attn = dattn;
         prm.mode = mode;
@@ -2295,9 +2494,55 @@ int main(int argc, char** argv) {
             // early in a 254-operation chain of random weights grows along it (bf16 weights: 1e-5
             // after two layers, O(1) after forty), so a free-running reference chain cannot tell
             // a bug from that growth; this check can.
+            // REAL: the host keeps its own h, advanced with the chain's own outputs in order.
+            std::vector<float> hh(H);
+            CK(cudaMemcpy(hh.data(), x0, H * sizeof(float), cudaMemcpyDeviceToHost));
+            auto rms = [](const float* v, int n) {
+                double t = 0;
+                for (int i = 0; i < n; i++) t += (double)v[i] * v[i];
+                return (float)(1.0 / sqrt(t / n + 1e-6));
+            };
             for (int k = 0; k < n_ops; k++) {
                 Op o = hops[k];
-                if (ops[k].in_op >= 0) {
+                if (ops[k].res != RES_NONE) {
+                    std::vector<float> x(ops[k].K, 0.f);
+                    if (ops[k].in_op >= 0) {
+                        const HostOp& src = ops[ops[k].in_op];
+                        std::vector<float> part(src.out_n);
+                        for (int j = 0; j < src.S; j++) {
+                            CK(cudaMemcpy(part.data(), outs[ops[k].in_op] + (size_t)j * src.out_n, part.size() * 4,
+                                          cudaMemcpyDeviceToHost));
+                            for (int i = 0; i < ops[k].K; i++) x[i] = j ? x[i] + part[i] : part[i];
+                        }
+                    }
+                    OpReal r;
+                    int ipost, ipre;
+                    real_of(ops[k], r, ipost, ipre);
+                    const int K = ops[k].K;
+                    std::vector<float> y(K);
+                    if (ops[k].res == RES_GELU_PLE) {
+                        for (int i = 0; i < K; i++) {
+                            const float v = x[i];
+                            y[i] = 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))) *
+                                   hple[(size_t)ops[k].layer * PLE + i];
+                        }
+                    } else {
+                        if (ops[k].res != RES_PRE) {
+                            const float r1 = rms(x.data(), K);
+                            for (int i = 0; i < K; i++) hh[i] = (hh[i] + x[i] * r1 * hw[ipost][i]) * r.scalar;
+                        }
+                        if (ops[k].res == RES_POST) {
+                            for (int i = 0; i < K; i++) y[i] = hh[i];
+                        } else {
+                            const float r2 = rms(hh.data(), K);
+                            for (int i = 0; i < K; i++) y[i] = hh[i] * r2 * hw[ipre][i];
+                        }
+                    }
+                    CK(cudaMemcpy(tin, y.data(), K * 4, cudaMemcpyHostToDevice));
+                    o.in = tin;
+                    o.in_off = 0;
+                    o.norm = 0;
+                } else if (ops[k].in_op >= 0) {
                     const HostOp& src = ops[ops[k].in_op];
                     std::vector<float> acc(src.out_n), part(src.out_n);
                     for (int j = 0; j < src.S; j++) {
