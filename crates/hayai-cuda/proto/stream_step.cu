@@ -314,9 +314,10 @@ __device__ __forceinline__ void st_release_cta(unsigned* p, unsigned v) {
 // Measured (tenth session, W4A8, ring 8 x 16 cells, A/B in one call): with THROTTLE and PFD=8
 // the chain 1.602 -> 1.520 ms, cells only 1.195 -> 1.106; the default. RINGFLAGS=0: the
 // mbarrier ring (every consumer warp waits for and releases every chunk).
-// RINGFLAGS=2 (measured 1.571 with THROTTLE, 1.584 with PFD=8: not adopted): consumers read the landed word (as 1) but release through the empty mbarriers
-// (an arrive per chunk, as 0); the producer sleeps in the hardware's mbarrier wait (as 0) and a
-// second warp waits for the landings and publishes them, so no warp spins.
+// RINGFLAGS=2 (measured 1.571 with THROTTLE, 1.584 with PFD=8: not adopted): consumers read the
+// landed word (as 1) but release through the empty mbarriers (an arrive per chunk, as 0); the
+// producer sleeps in the hardware's mbarrier wait (as 0) and a second warp waits for the
+// landings and publishes them, so no warp spins.
 // RFDIAG=1 (diagnostic, RINGFLAGS=1, "cells only"): the producer declares every chunk landed at
 // once and leaves, so the consumers run without it (measured 1.029 against 1.106 ms: what the
 // producer's polling costs the consumers).
@@ -433,8 +434,9 @@ __device__ __forceinline__ void cell_imma(const uint4* cp, const uint2* xb, int 
 #error "DP4A takes the W4A8 inputs (A8=1)"
 #endif
 // DP4A=1 (--cell-rate only; measured in the tenth session: 85.7 KB/µs/SM against the tensor-core
-// cell's 74.9, not yet in the chain): the same 1,056-byte int4 cell in a row-owned layout on the CUDA cores instead of the
-// tensor cores (whose legacy mma.sync pipe caps the W4A8 cell at ~110 cycles per scheduler).
+// cell's 74.9, not yet in the chain): the same 1,056-byte int4 cell in a row-owned layout on the
+// CUDA cores instead of the tensor cores (whose legacy mma.sync pipe caps the W4A8 cell at ~110
+// cycles per scheduler).
 // Lane = row + 16 x (K half); its 64 nibbles at bytes [16 lane, +16) and [512 + 16 lane, +16);
 // the input as int8 words of even and odd positions (word 2j: inputs 8j + 0, 2, 4, 6; word
 // 2j + 1: 8j + 1, 3, 5, 7), 64 bytes per half. Low nibbles masked in place, high nibbles left
