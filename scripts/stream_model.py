@@ -9,7 +9,8 @@ of operation k start LINK us after operation k-1 finished (publish, wait, read t
 the operation's fixed work) and multiply its BYTES at CELLS bytes/us, never faster than the
 stream delivers them. Attention operations have no weights: ATTN us of work after their link.
 The step ends when lm_head is done. A model, not a measurement: its constants come from
-docs/performance.md ("The streamed step, ninth session") and are printed with every result.
+docs/performance.md ("The streamed step", ninth and tenth sessions) and are printed with every
+result.
 
 Usage: scripts/stream_model.py            (calibration against the prototype, then what-ifs)
        scripts/stream_model.py --link 2.0 --stream 34 --cells 75 --ring 132 [--attn 5 --ctx]
@@ -92,12 +93,17 @@ def main():
         return
     rows = [
         # (label, fmt, ctx, link, stream, cells, ring, attn)
-        ("prototype W4A8 today (link = --tiny 3.21, stream with consumers 22, cells 75, ring 132)",
+        ("prototype W4A8, ninth session (link = --tiny 3.21, stream with consumers 22, cells 75, ring 132)",
          "int4", False, 3.21, 22.1, 75, 132, 0),
         ("  measured: 1.641 ms", None, None, None, None, None, None, None),
-        ("prototype bf16 today (link 3.21, stream 28.5 (32-KB chunks), cells 148, ring 96)",
+        ("prototype W4A8, tenth session (link = --tiny 2.9, stream with consumers 30, cells 75, ring 181)",
+         "int4", False, 2.9, 30, 75, 181, 0),
+        ("  measured: 1.301 ms", None, None, None, None, None, None, None),
+        ("  same + attention (attention 4 us after its link, ring 132)", "int4", True, 2.9, 30, 75, 132, 4),
+        ("  measured: 1.738 ms", None, None, None, None, None, None, None),
+        ("prototype bf16, ninth session (link 3.21, stream 28.5 (32-KB chunks), cells 148, ring 96)",
          "bf16", False, 3.21, 28.5, 148, 96, 0),
-        ("  measured: 3.392 ms", None, None, None, None, None, None, None),
+        ("  measured: 3.392 ms (tenth session: 3.016)", None, None, None, None, None, None, None),
         ("W4A8, link at the floor (2.0), stream at the producer's 3.6 TB/s (27)", "int4", False, 2.0, 27, 75, 132, 0),
         ("W4A8, link 2.0, stream 4.5 TB/s (34)", "int4", False, 2.0, 34, 75, 132, 0),
         ("W4A8 + attention (link 2.0, attention 3 us), stream 34", "int4", True, 2.0, 34, 75, 132, 3),
