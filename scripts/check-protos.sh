@@ -38,4 +38,5 @@ build sm_90 stream_step.cu -DA8=1 -DRFDIAG=1 -DREPL=1 -DREDUXQ=0 -DPSLEEP=0
 build sm_86 stream_step.cu -DA8=1 -DRINGFLAGS=0
 build sm_90 stream_step.cu -DA8=1 -DREAL=1
 build sm_86 stream_step.cu -DA8=1 -DREAL=1
+build sm_90 stream_step.cu -DA8=1 -DREAL=1 -DARGMAX=1
 echo "prototypes compile ($n builds)"

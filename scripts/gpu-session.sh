@@ -13,7 +13,7 @@
 #         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
-#         bf16; scripts/proto-stream.sh; nvcc there,
+#         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
 #         ~1 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
@@ -66,13 +66,17 @@ run() {
     # with attention (ctx 640), --tiny, --skew, the cell rate, bf16 with and without attention,
     # and the mbarrier ring (RINGFLAGS=0) as the reference; one parallel build first.
     stage "streamed-step prototype"
-    BUILDS="A8=1 A8=1,RINGFLAGS=0,PFD=0 W16=1,CH_CELLS=16 A8=1,REAL=1" PROTO_BUILD_ONLY=1 timeout 300 \
+    BUILDS="A8=1 A8=1,RINGFLAGS=0,PFD=0 W16=1,CH_CELLS=16 A8=1,REAL=1 A8=1,ARGMAX=1 A8=1,REAL=1,ARGMAX=1" PROTO_BUILD_ONLY=1 timeout 300 \
       scripts/proto-stream.sh > "$out/proto.log" 2>&1 || echo "proto builds failed" >> "$out/proto.log"
     export PROTO_REUSE=1
     BUILDS="A8=1 A8=1,RINGFLAGS=0,PFD=0 A8=1" PROTO_MODES=024 timeout 300 scripts/proto-stream.sh --iters 20 --chunks 11 >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="A8=1,REAL=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 10 >> "$out/proto.log" 2>&1
     BUILDS="A8=1,REAL=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
+    # Written after the tenth session's device time ran out: the greedy token at the end of the
+    # chain (ARGMAX; A/B/A against the default; its check prints "argmax: ... PASS").
+    BUILDS="A8=1 A8=1,ARGMAX=1 A8=1" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 20 --chunks 11 >> "$out/proto.log" 2>&1
+    BUILDS="A8=1,REAL=1,ARGMAX=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 8 --ctx 640 >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 20 --chunks 11 --tiny >> "$out/proto.log" 2>&1
     BUILDS="A8=1" PROTO_MODES=0 timeout 120 scripts/proto-stream.sh --iters 10 --chunks 11 --skew >> "$out/proto.log" 2>&1
     BUILDS="A8=1 W16=1,CH_CELLS=16" timeout 120 scripts/proto-stream.sh --cell-rate >> "$out/proto.log" 2>&1

@@ -128,6 +128,11 @@ struct Params {
     const unsigned* sm_total;         // cells in SM s's stream (worked out on the host)
     const OpReal* real;               // REAL: per operation (null: off)
     const float* x0;                  // REAL: the embedding (h before layer 0)
+#if ARGMAX
+    float2* cand;                     // ARGMAX: per SM (value, index as float bits)
+    unsigned* arg_cnt;                // ARGMAX: candidates written (monotonic over launches)
+    int* token;                       // ARGMAX: the greedy token
+#endif
     int interleave;                   // stream chunk c of SM s at chunk c * SMs + s of `stream`
     const AttnOp* attn;               // attention operations (--ctx)
     unsigned* done;                   // per-operation counters (monotonic over launches)
@@ -728,6 +733,16 @@ __device__ __forceinline__ float consumers_rms_scale(float ss, int K, float* wsu
 #error "REAL is written for the W4A8 input path with OPSMEM's shares"
 #endif
 
+// ARGMAX=1: the greedy token after lm_head. Each SM takes the largest of its own lm_head rows
+// (read back after its last pass; the first index wins ties), writes it as a candidate and adds
+// to a counter; the SM whose addition completes the count reduces the candidates in SM order
+// (ties: the lower index) and writes the token. Softcapping is monotonic: it does not move it.
+// Written at the end of the tenth session after its device time ran out: compiled, not yet run
+// (`run pending` runs it; the check compares the token with the host's argmax of the same logits).
+#ifndef ARGMAX
+#define ARGMAX 0
+#endif
+
 // REPL=R: every operation writes R copies of its output and SM s reads copy s % R, so the 132
 // SMs' reads of the same vector spread over R times as many L2 lines (each line of an input is
 // otherwise read by every SM at once). Measured (tenth session, W4A8, 11-chunk ring): 1.328 ->
@@ -1288,6 +1303,9 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     __shared__ uint64_t full[NCH], empty[NCH];
     __shared__ float red[2][NW][16];
     __shared__ float wsum[NW];
+#if ARGMAX
+    __shared__ int xs_arg[NW];  // ARGMAX: the warps' best indices
+#endif
 #if REAL
     __shared__ float wsum2[NW];   // the second reduction's warp sums (the first's may still be read)
     __shared__ float hres[2560];  // the residual vector, this SM's copy
@@ -1725,6 +1743,50 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
         }
         base = next_base;
     }
+#if ARGMAX && OPSMEM
+    if (P.mode != 2 && P.token) {
+        // This SM's lm_head rows (one K slice: its units are tiles t0 .. t0 + nt - 1), written
+        // by this block before the op's last barrier.
+        const int kl = P.n_ops - 1;
+        const Op& op = OPS[kl];
+        const SmOp so = units_s[kl];
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = tid; i < so.nt * 16; i += NW * 32) {
+            const int idx = so.t0 * 16 + i;
+            const float v = __ldcg(op.out + idx);
+            if (v > bv) bv = v, bi = idx;  // a thread's indices grow: the first of equals stays
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        if (lane == 0) wsum[warp] = bv, xs_arg[warp] = bi;
+        consumers_sync();
+        if (tid == 0) {
+            for (int w = 1; w < NW; w++) {
+                const float ov = wsum[w];
+                const int oi = xs_arg[w];
+                if (ov > wsum[0] || (ov == wsum[0] && oi < xs_arg[0])) wsum[0] = ov, xs_arg[0] = oi;
+            }
+            __stcg(P.cand + s, make_float2(wsum[0], __int_as_float(xs_arg[0])));
+            unsigned old;
+            asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(P.arg_cnt) : "memory");
+            if (old + 1 == P.epoch * (unsigned)nsm) {  // the last candidate: reduce in SM order
+                float best = -INFINITY;
+                int bidx = 0x7fffffff;
+                for (int i = 0; i < nsm; i++) {
+                    const float2 c = __ldcg(P.cand + i);
+                    const int ci = __float_as_int(c.y);
+                    if (c.x > best || (c.x == best && ci < bidx)) best = c.x, bidx = ci;
+                }
+                *P.token = bidx;
+            }
+        }
+    }
+#endif
     R.release_to((total + CH_CELLS - 1) / CH_CELLS * CH_CELLS, lane);
     if (P.stamps && s == nsm - 1 && tid == 0) P.stamps[8 * P.n_ops + 2] = stamp_now();  // consumers done
 }
@@ -2321,6 +2383,12 @@ int main(int argc, char** argv) {
             return 1;
         }
     }
+    float2* dcand;
+    unsigned* darg_cnt;
+    int* dtoken;
+    CK(cudaMalloc(&dcand, P * sizeof(float2)));
+    CK(cudaMalloc(&darg_cnt, sizeof(unsigned)));
+    CK(cudaMalloc(&dtoken, sizeof(int)));
     OpReal* dreal;
     CK(cudaMalloc(&dreal, n_ops * sizeof(OpReal)));
     CK(cudaMemcpy(dreal, hreal.data(), n_ops * sizeof(OpReal), cudaMemcpyHostToDevice));
@@ -2450,6 +2518,7 @@ int main(int argc, char** argv) {
     for (int mode = 0; mode < 6; mode++) {
         if (!(mode_mask >> mode & 1)) continue;
         CK(cudaMemset(done, 0, n_ops * sizeof(unsigned)));
+        CK(cudaMemset(darg_cnt, 0, sizeof(unsigned)));
         if (hcnt) CK(cudaMemset(hcnt, 0, (size_t)n_attn * 8 * sizeof(unsigned)));
         CK(cudaMemset(stamps, 0, 8 * (n_ops + 1) * sizeof(unsigned long long)));
         Params prm;
@@ -2460,6 +2529,11 @@ int main(int argc, char** argv) {
         prm.sm_base = dbase;
         prm.sm_total = getenv("PROTO_DEVTOTAL") ? nullptr : dtotal;  // PROTO_DEVTOTAL=1: counted on the device (as before)
         prm.real = REAL ? dreal : nullptr;
+#if ARGMAX
+        prm.cand = dcand;
+        prm.arg_cnt = darg_cnt;
+        prm.token = dtoken;
+#endif
         prm.x0 = x0;
         prm.done = done;
         prm.attn = dattn;
@@ -2594,6 +2668,19 @@ int main(int argc, char** argv) {
             all_pass = all_pass && pass;
             printf("check: worst rel L2 against the reference per operation %.2e (operation %d, %s): %s\n", worst,
                    worst_k, ops[worst_k].name.c_str(), pass ? "PASS" : "FAIL");
+            if (ARGMAX) {  // the kernel's token against the argmax of its own lm_head output
+                const HostOp& lm = ops[n_ops - 1];
+                std::vector<float> lo((size_t)lm.out_n);
+                CK(cudaMemcpy(lo.data(), outs[n_ops - 1], lo.size() * 4, cudaMemcpyDeviceToHost));
+                int want = 0;
+                for (size_t i = 1; i < lo.size(); i++)
+                    if (lo[i] > lo[want]) want = (int)i;
+                int got = -1;
+                CK(cudaMemcpy(&got, dtoken, 4, cudaMemcpyDeviceToHost));
+                const bool ok = lm.S == 1 && got == want;
+                all_pass = all_pass && ok;
+                printf("argmax: token %d, the host's argmax of the same logits %d: %s\n", got, want, ok ? "PASS" : "FAIL");
+            }
         }
         if (mode != 2 && mode != 5) {
             // One step with stamps: per-operation time on the last SM by kind.
