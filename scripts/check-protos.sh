@@ -33,7 +33,7 @@ build sm_86 stream_step.cu -DA8=1 -DDP4A=1
 build sm_86 stream_step.cu -DA8=1 -DATTSTAGE=0
 # The ring and stream variants the performance notes compare (tenth session).
 build sm_90 stream_step.cu -DA8=1 -DRINGFLAGS=0 -DPFD=0 -DTHROTTLE=2
-build sm_90 stream_step.cu -DA8=1 -DRINGFLAGS=2 -DNOMBAR=1
+build sm_90 stream_step.cu -DA8=1 -DNOMBAR=1
 build sm_90 stream_step.cu -DA8=1 -DRFDIAG=1 -DREPL=1 -DREDUXQ=0 -DPSLEEP=0
 build sm_86 stream_step.cu -DA8=1 -DRINGFLAGS=0
 build sm_90 stream_step.cu -DA8=1 -DREAL=1

@@ -55,7 +55,7 @@
 #ifndef RINGFLAGS
 #define RINGFLAGS 1                // see the Ring below
 #endif
-#define THREADS ((NW + NP + (RINGFLAGS == 2)) * 32)   // + the producer warps (+ the landing watcher)
+#define THREADS ((NW + NP) * 32)   // + the producer warps
 #ifndef W16
 #define W16 0                      // bf16 weights: 16 rows x 64 columns per 2,048-byte cell, no scales
 #endif
@@ -319,18 +319,16 @@ __device__ __forceinline__ void st_release_cta(unsigned* p, unsigned v) {
 // Measured (tenth session, W4A8, ring 8 x 16 cells, A/B in one call): with THROTTLE and PFD=8
 // the chain 1.602 -> 1.520 ms, cells only 1.195 -> 1.106; the default. RINGFLAGS=0: the
 // mbarrier ring (every consumer warp waits for and releases every chunk).
-// RINGFLAGS=2 (measured 1.571 with THROTTLE, 1.584 with PFD=8: not adopted): consumers read the
-// landed word (as 1) but release through the empty mbarriers (an arrive per chunk, as 0); the
-// producer sleeps in the hardware's mbarrier wait (as 0) and a second warp waits for the
-// landings and publishes them, so no warp spins.
+// A hybrid (consumers read the landed word but release through the empty mbarriers; a second
+// warp waits for the landings) measured 1.571 / 1.584 ms against 1.529 and was removed.
 // RFDIAG=1 (diagnostic, RINGFLAGS=1, "cells only"): the producer declares every chunk landed at
 // once and leaves, so the consumers run without it (measured 1.029 against 1.106 ms: what the
 // producer's polling costs the consumers).
 #if RINGFLAGS && NP != 1
 #error "RINGFLAGS has one producer warp"
 #endif
-#if RINGFLAGS > 2
-#error "RINGFLAGS is 0, 1 or 2"
+#if RINGFLAGS > 1
+#error "RINGFLAGS is 0 or 1"
 #endif
 // THROTTLE=1: the producer issues no copy while the consumers publish an operation (from the
 // end of its last pass to the release), so the output stores and the release are not queued
@@ -565,19 +563,6 @@ struct Ring {
             if ((n & 1023) == 0 && watchdog(t0, 1, (int)c, 0)) return;
         }
     }
-#if RINGFLAGS == 2
-    // As the mbarrier ring: each chunk released after it landed (a warp never runs a ring ahead).
-    __device__ __forceinline__ void release_to(unsigned pos, int lane) {
-        const unsigned c = pos / CH_CELLS;
-        if (NOMBAR) return;
-        while (rel < c) {
-            land(rel);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[rel % NCH]);
-            rel++;
-        }
-    }
-#else
     // Chunks before pos's are done with; whether they landed is the producer's to check. Every
     // lane stores the same word (no branch, no warp barrier: the lanes are converged, mma.sync
     // needs them so), relaxed: the chunk's shared-memory reads have been consumed by the cells'
@@ -588,7 +573,6 @@ struct Ring {
         rel = c;
         asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(wdone), "r"(c) : "memory");
     }
-#endif
     __device__ __forceinline__ unsigned landed_ahead(unsigned pos) const {
         unsigned l;
         asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(l) : "r"(landed) : "memory");
@@ -1196,20 +1180,6 @@ __device__ void produce(const Params& P, unsigned char* smem, uint64_t* full, ui
 #ifndef RFDIAG
 #define RFDIAG 0
 #endif
-#if RINGFLAGS == 2
-// RINGFLAGS=2's landing watcher: waits for every chunk's copy in order (the hardware's mbarrier
-// wait, no spinning) and publishes how many have landed.
-template <int NCH>
-__device__ void watch_landings(uint64_t* full, unsigned total, unsigned* landed, int lane) {
-    if (NOMBAR) return;
-    const unsigned nch = (total + CH_CELLS - 1) / CH_CELLS;
-    for (unsigned c = 0; c < nch; c++) {
-        mbar_wait(&full[c % NCH], (c / NCH) & 1u, 1, (int)c);
-        __syncwarp();
-        if (lane == 0) st_release_cta(landed, c + 1);
-    }
-}
-#endif
 #if RINGFLAGS
 // The producer warp with RINGFLAGS: copies chunk c into its slot once chunk c - NCH has landed
 // and every consumer warp's word has passed it, and publishes landings in order. Modes 3-4 (no
@@ -1346,21 +1316,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_step(const Params P) {
     __syncthreads();
     R.landed = smem_u32(&landed_w);
     R.wdone = smem_u32(&wdone_w[warp < NW ? warp : 0]);
-#if RINGFLAGS == 2
-    if (warp == NW + NP) {
-        watch_landings<NCH>(full, total, &landed_w, lane);
-        return;
-    }
-    if (warp >= NW) {
-        produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane, warp - NW, &hold);
-        return;
-    }
-#else
     if (warp >= NW) {
         produce_flags<NCH, BULK>(P, smem, full, total, s, nsm, lane, &hold, &landed_w, wdone_w);
         return;
     }
-#endif
 #else
     if (warp >= NW) {
         produce<NCH, BULK>(P, smem, full, empty, total, s, nsm, lane, warp - NW, &hold);
