@@ -42,6 +42,44 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return t;
 }
 
+// The threads that run a piece of work together: a whole block, or a 128-thread group of one
+// (the persistent decode step runs two attention items per block) with its own named barrier.
+struct BlockThreads {
+    __device__ __forceinline__ int t() const { return threadIdx.x; }
+    __device__ __forceinline__ int n() const { return blockDim.x; }
+    // As threadIdx.x / blockDim.x are typed (unsigned): loops written with them keep their code.
+    __device__ __forceinline__ unsigned tu() const { return threadIdx.x; }
+    __device__ __forceinline__ unsigned nu() const { return blockDim.x; }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
+struct GroupThreads {
+    int id;  // named barrier 1.. (0 is __syncthreads)
+    __device__ __forceinline__ int t() const { return threadIdx.x & 127; }
+    __device__ __forceinline__ int n() const { return 128; }
+    __device__ __forceinline__ unsigned tu() const { return threadIdx.x & 127; }
+    __device__ __forceinline__ unsigned nu() const { return 128; }
+    __device__ __forceinline__ void sync() const {
+        asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+    }
+};
+
+// Sum over the threads of `g`; every thread gets the result. `scratch` holds >= 32 floats. A
+// whole block takes block_sum itself (written alike, the template compiled to other code).
+__device__ __forceinline__ float group_sum(float v, float* scratch, BlockThreads) { return block_sum(v, scratch); }
+template <class G>
+__device__ __forceinline__ float group_sum(float v, float* scratch, G g) {
+    const int lane = g.t() & 31, warp = g.t() >> 5;
+    const int nwarps = (g.n() + 31) >> 5;
+    v = warp_sum(v);
+    g.sync();
+    if (lane == 0) scratch[warp] = v;
+    g.sync();
+    float t = 0.f;
+    for (int i = 0; i < nwarps; i++) t += scratch[i];
+    return t;
+}
+
 // tanh-approximated GELU (gelu_pytorch_tanh), in f32.
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2/pi)

@@ -110,11 +110,12 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // then read in the same pass as the input partials, so the prologue waits on one memory round
 // trip instead of three.
 // PENDING: cp.async groups committed after the constants' that may stay in flight (a caller's
-// own weight copies).
-template <bool STEP = false, int PENDING = 0>
+// own weight copies). G: the threads that run it (a whole block, or a group with its own named
+// barrier beside warps that never join it, as a streamed step's producer warp).
+template <bool STEP = false, int PENDING = 0, class G = BlockThreads>
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store,
                               unsigned long long* stamps = nullptr, int j0 = 0, int j1 = -1,
-                              float* cst = nullptr) {
+                              float* cst = nullptr, G g = G()) {
     const int n4 = p.cols >> 2;
     const bool early_res = cst && p.res_in;
     const bool whole = j1 < 0 || p.res_in || p.norm_w || p.res_out;
@@ -127,7 +128,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
     float4* x4 = (float4*)xs;
     float ss_res = 0.f;
 #pragma unroll 4
-    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+    for (int j = j0 + g.tu(); j < j1; j += g.nu()) {
         float4 v;
         if (p.gather_tok) {
             const uint2 b = *(const uint2*)(p.gather_table + (size_t)(*p.gather_tok) * p.cols + 4 * j);
@@ -201,13 +202,13 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
     if (p.res_in) {
         float scale = 1.f;
         if (p.res_w) {
-            float t = block_sum(ss_res, red);
+            float t = group_sum(ss_res, red, g);
             scale = rsqrtf(t / (float)n + p.eps);
         }
-        __syncthreads();
+        g.sync();
         ss = 0.f;
 #pragma unroll 4
-        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        for (int j = g.tu(); j < n4; j += g.nu()) {
             float4 b = x4[j];
             const float4 r = res_src[j];
             if (p.res_w) {
@@ -223,23 +224,23 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
     }
     if (STEP) stamp_at(stamps, 2);
     if (p.norm_w) {
-        float t = block_sum(ss, red);
+        float t = group_sum(ss, red, g);
         float scale = rsqrtf(t / (float)n + p.eps);
 #pragma unroll 4
-        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        for (int j = g.tu(); j < n4; j += g.nu()) {
             float4 v = x4[j];
             const float4 w = norm_w[j];
             x4[j] = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
         }
     }
     if (scaled_store) {
-        __syncthreads();
-        for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        g.sync();
+        for (int j = j0 + g.tu(); j < j1; j += g.nu()) {
             float4 v = x4[j];
             x4[j] = make_float4(v.x, v.y * (1.f / 16.f), v.z * (1.f / 256.f), v.w * (1.f / 4096.f));
         }
     }
-    __syncthreads();
+    g.sync();
 }
 
 // Starts copying the prologue's norm weights into `cst` (see gemv_prologue); they are constant,

@@ -2,23 +2,6 @@
 #pragma once
 #include "common.cuh"
 
-// The threads that run a piece of work together: a whole block, or a 128-thread group of one
-// (the persistent decode step runs two attention items per block) with its own named barrier.
-struct BlockThreads {
-    __device__ __forceinline__ int t() const { return threadIdx.x; }
-    __device__ __forceinline__ int n() const { return blockDim.x; }
-    __device__ __forceinline__ void sync() const { __syncthreads(); }
-};
-
-struct GroupThreads {
-    int id;  // named barrier 1.. (0 is __syncthreads)
-    __device__ __forceinline__ int t() const { return threadIdx.x & 127; }
-    __device__ __forceinline__ int n() const { return 128; }
-    __device__ __forceinline__ void sync() const {
-        asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
-    }
-};
-
 // One head for norm_rope_heads: the sum of `splits` partial vectors `ld` apart from `src`, into
 // shared `dst`, RMS-normed when `norm` (times `w` if set), rotated when `inv_freq` is set.
 struct HeadJob {
