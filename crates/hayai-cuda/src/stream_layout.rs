@@ -316,6 +316,15 @@ pub fn unit_at(share: &SmShare, tiles: usize, idx: usize) -> (usize, usize) {
 }
 
 impl Streams {
+    /// Cells in SM `s`'s stream, its alignment padding left out: what its producer copies. A
+    /// kernel is given this (the prototype counting it on the device cost 144 µs per launch).
+    pub fn sm_cells(&self, s: usize) -> usize {
+        self.ops
+            .iter()
+            .map(|plan| plan.sm_units(self.n_sm, s).1 * plan.unit_groups())
+            .sum()
+    }
+
     /// SM `s`'s share of every operation, in operation order.
     pub fn sm_shares(&self, s: usize) -> Vec<SmShare> {
         let mut cell = 0usize;
@@ -606,6 +615,7 @@ mod tests {
                     cell <= len && len - cell < ALIGN_CELLS,
                     "SM {s}: {cell} cells, stream {len}"
                 );
+                assert_eq!(st.sm_cells(s), cell, "SM {s}");
             }
         }
     }
