@@ -4,7 +4,8 @@
 # SASS unchanged (docs/decisions.md, "Default kernels keep their measured SASS").
 #   scripts/sass-diff.sh REV [ARCH] [KERNEL ...]
 #   REV: the commit to compare with (e.g. the last build measured on the GPU); ARCH: sm_90 (default)
-#   or sm_80/86/89; KERNELS: default the decode path's (gemv, gemv_mma, gemv_mma_kw, attention).
+#   or sm_80/86/89; KERNELS: default the decode path's (gemv, gemv_mma, gemv_mma_kw, attention);
+#   `all`: every kernel in either build (for changes to shared device code).
 # Prints, per kernel, "same", "new" or "DIFFERS" with the instruction counts; exit 1 if any differs.
 # Instruction text is compared without addresses, so moved code with the same instructions is the same.
 set -uo pipefail
@@ -47,6 +48,10 @@ sass() {  # instruction text of kernel $2 in cubin $1, one per line, without add
   cuobjdump -sass -fun "$2" "$1" 2>/dev/null | grep -E '^\s+/\*[0-9a-f]{4,}\*/' |
     sed -E 's#/\*[0-9a-f]+\*/##g; s/[[:space:]]+/ /g'
 }
+if [ "${kernels[*]}" = "all" ]; then
+  mapfile -t kernels < <( { cuobjdump -sass "$work/old.cubin"; cuobjdump -sass "$work/new.cubin"; } 2>/dev/null |
+    sed -nE 's/.*Function : ([A-Za-z0-9_]+).*/\1/p' | sort -u)
+fi
 status=0
 for k in "${kernels[@]}"; do
   sass "$work/old.cubin" "$k" > "$work/a"
