@@ -33,11 +33,6 @@
 
 enum Scheme { COUNTER, FLAGS, LL, NONE, LLC };
 
-__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
     unsigned v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -94,7 +89,7 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
             __syncthreads();
             if (tid == 0) {
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + k) : "memory");
-                while (ld_acquire_u32(sync + k) < (unsigned)nsm)
+                while (ld_acquire_gpu(sync + k) < (unsigned)nsm)
                     if (nap) __nanosleep(nap);
             }
             __syncthreads();

@@ -230,17 +230,7 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NW * 32) : "memory");
 }
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// Shared-memory words between the warps of the block (the ring's flags).
-__device__ __forceinline__ unsigned ld_acquire_cta(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(v) : "r"(smem_u32(p)) : "memory");
-    return v;
-}
+// Shared-memory words between the warps of the block (the ring's flags; loads: proto.cuh).
 __device__ __forceinline__ void st_release_cta(unsigned* p, unsigned v) {
     asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(smem_u32(p)), "r"(v) : "memory");
 }
@@ -558,7 +548,7 @@ struct Ring {
         if (NOMBAR || have > c) return;
         unsigned long long t0 = 0;
         for (unsigned n = 1;; n++) {
-            asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(have) : "r"(landed) : "memory");
+            have = ld_acquire_cta(landed);
             if (have > c) return;
             if ((n & 1023) == 0 && watchdog(t0, 1, (int)c, 0)) return;
         }
@@ -574,9 +564,7 @@ struct Ring {
         asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(wdone), "r"(c) : "memory");
     }
     __device__ __forceinline__ unsigned landed_ahead(unsigned pos) const {
-        unsigned l;
-        asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(l) : "r"(landed) : "memory");
-        const unsigned c = pos / CH_CELLS;
+        const unsigned l = ld_acquire_cta(landed), c = pos / CH_CELLS;
         return l > c ? min(l - c, (unsigned)NCH) : 0u;
     }
 #else
@@ -668,7 +656,7 @@ __device__ __forceinline__ void wait_operation(const Params& P, int k, int pubs)
     const unsigned target = P.epoch * (unsigned)pubs;
     unsigned long long t0 = 0;
     // A short sleep between polls (NAP ns; 0: spin).
-    for (unsigned n = 1; (int)(ld_acquire(&P.done[k]) - target) < 0; n++) {
+    for (unsigned n = 1; (int)(ld_acquire_gpu(&P.done[k]) - target) < 0; n++) {
         if ((n & 255) == 0 && watchdog(t0, 3, k, 0)) break;
         if (NAP) __nanosleep(NAP);
     }
@@ -1207,7 +1195,7 @@ __device__ void produce_flags(const Params& P, unsigned char* smem, uint64_t* fu
         if (issued < nch && (issued < NCH || done > issued - NCH)) {
             unsigned freed = 0xffffffffu;  // chunks every consumer warp is done with
             if (P.mode != 5) {
-                freed = lane < NW ? ld_acquire_cta(wdone + lane) : 0xffffffffu;
+                freed = lane < NW ? ld_acquire_cta(smem_u32(wdone + lane)) : 0xffffffffu;
                 freed = __reduce_min_sync(0xffffffffu, freed);
             }
             bool go = issued < NCH || freed > issued - NCH;
