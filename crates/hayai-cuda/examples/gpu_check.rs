@@ -203,6 +203,46 @@ fn main() {
             }
         }
     }
+    if want("stream") {
+        // The streamed step (W4A8) against the CPU reference that rounds its matrix inputs the
+        // same way (MatmulInputs::Int8 { group: 128 }); its K splits are the stream layout's, so
+        // the comparison is to tolerance plus greedy identity; graph replay and eager launch.
+        // Its cells are whole 16-row tiles: the small models with a vocabulary of 1,024.
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let mut spec = small_spec(arch);
+            spec.vocab = 1024;
+            if let Some(p) = spec.ple.as_mut() {
+                p.vocab = 1024;
+            }
+            let m = random_model(&spec, seed);
+            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+            for use_graph in [true, false] {
+                let o = CudaOptions {
+                    streamed_step: true,
+                    use_graph,
+                    batched_prefill: false,
+                    ..opts(Quant::Int4, false)
+                };
+                let (ok, line) = parity_verdict(
+                    parity(&m, &o, &p, 300),
+                    1e-4,
+                    format!("streamed graph {use_graph} "),
+                );
+                check(name, ok, line);
+            }
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        let o = CudaOptions {
+            streamed_step: true,
+            ..opts(Quant::Int4, false)
+        };
+        let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "streamed ");
+        check("e4b", ok, line);
+    }
     if want("a8") {
         // int4 GEMVs with int8 activations against the CPU reference that rounds its matrix
         // inputs the same way (MatmulInputs::Int8 { group: 128 }): on the integer tensor cores
@@ -698,6 +738,12 @@ fn main() {
         // The tiled int4 GEMV on CUDA cores (the default runs on tensor cores).
         runs.push(CudaOptions {
             tensor_core_gemv: false,
+            ..opts(Quant::Int4, false)
+        });
+    }
+    if want("bench-stream") {
+        runs.push(CudaOptions {
+            streamed_step: true,
             ..opts(Quant::Int4, false)
         });
     }

@@ -20,7 +20,9 @@ __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
     }
 }
 
-__device__ void block_argmax(float& bv, int& bi) {
+// G: the threads that run it (the block, or the streamed step's consumer warps).
+template <class G = BlockThreads>
+__device__ void block_argmax(float& bv, int& bi, G g = G()) {
     __shared__ float sv[32];
     __shared__ int si[32];
 #pragma unroll
@@ -29,14 +31,14 @@ __device__ void block_argmax(float& bv, int& bi) {
         int oi = __shfl_xor_sync(HAYAI_FULL_MASK, bi, o);
         better(bv, bi, ov, oi);
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = g.tu() & 31, warp = g.tu() >> 5;
     if (lane == 0) {
         sv[warp] = bv;
         si[warp] = bi;
     }
-    __syncthreads();
+    g.sync();
     if (warp == 0) {
-        const int nw = blockDim.x >> 5;
+        const int nw = g.nu() >> 5;
         bv = lane < nw ? sv[lane] : -INFINITY;
         bi = lane < nw ? si[lane] : 0x7fffffff;
 #pragma unroll

@@ -203,9 +203,11 @@ __device__ void step_gemv(const StepParams& P, int k, const GemvParams& g, float
 }
 
 // Per-layer-embedding mix (ple_combine) for virtual blocks = layers, `dim` <= STEP_THREADS.
-__device__ void step_ple(const PleParams& p, int n_layers, float* red) {
+// G: the threads that run it (the block, or the streamed step's consumer warps).
+template <class G = BlockThreads>
+__device__ void step_ple(const PleParams& p, int n_layers, float* red, G g = G()) {
     for (int b = blockIdx.x; b < n_layers; b += gridDim.x) {
-        const int t = threadIdx.x;
+        const int t = g.t();
         const bool on = t < p.dim;
         const int j = b * p.dim + t;
         float c = 0.f;
@@ -215,14 +217,14 @@ __device__ void step_ple(const PleParams& p, int n_layers, float* red) {
         }
         // Threads beyond dim add zeros: the same sum as a block of `dim` threads (warp sums in
         // the same order, zero partial sums of whole idle warps at the end).
-        const float tot = block_sum(on ? c * c : 0.f, red);
+        const float tot = group_sum(on ? c * c : 0.f, red, g);
         if (on) {
             c = c * rsqrtf(tot / (float)p.dim + p.eps) * p.norm_w[t];
             const size_t row = (size_t)(*p.tok) * ((size_t)n_layers * p.dim);
             const float e = bf16_to_f32(p.table[row + j]) * p.tok_scale;
             p.out[j] = (c + e) * p.mix_scale;
         }
-        __syncthreads();
+        g.sync();
     }
 }
 

@@ -94,6 +94,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("pf_gemm", false),
     ("decode_step_s6", false),
     ("decode_step_s3", false),
+    ("decode_stream_r10", false),
+    ("decode_stream_r2", false),
 ];
 
 impl Gpu {

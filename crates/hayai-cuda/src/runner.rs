@@ -21,6 +21,7 @@ mod plan;
 mod prefill;
 mod shapes;
 mod step;
+mod stream;
 use launch::*;
 pub(crate) use launch::{BwParams, Launch};
 pub use opbench::OpTime;
@@ -314,8 +315,10 @@ pub struct CudaRunner {
     tc_kwarps: bool,
     /// Head dims whose attention runs as `attn_split_tile` (the tile fits shared memory).
     attn_tile_dims: Vec<usize>,
-    /// The single-kernel step's launch shape, when it is in use.
+    /// The single-kernel (or streamed) step's launch shape, when it is in use.
     step_kernel: Option<StepConfig>,
+    /// The step runs as the streamed step (kernels/stream_step.cu).
+    streamed: bool,
     /// Its launch with timing on, the operations' labels and the timing buffer ([ops][2] u64).
     step_profile: Option<(Launch, Vec<&'static str>, u64)>,
     /// Resident GEMV blocks per SM by dynamic shared memory size (persistent grid sizing).
@@ -579,6 +582,7 @@ impl CudaRunner {
                 && opts.tensor_core_kwarps
                 && !opts.tensor_core_ring,
             step_kernel: None,
+            streamed: false,
             step_profile: None,
             step_bufs: Vec::new(),
             gemv_occupancy: Default::default(),
@@ -588,8 +592,17 @@ impl CudaRunner {
             model,
             gpu,
         };
+        if opts.single_kernel && opts.streamed_step {
+            return Err(CudaError::Unsupported(
+                "the single-kernel and the streamed step are alternatives: choose one".into(),
+            ));
+        }
         if opts.single_kernel {
             r.step_kernel = Some(r.step_config(max_cols)?);
+        }
+        if opts.streamed_step {
+            r.step_kernel = Some(r.stream_config(max_cols)?);
+            r.streamed = true;
         }
         if opts.attn_smem_tile {
             // Each head dim whose K/V tile (2 x 32 rows) fits beside the static shared memory.
@@ -617,7 +630,9 @@ impl CudaRunner {
             false,
             PrefetchFrom::Attention,
         );
-        if r.step_kernel.is_some() {
+        if r.streamed {
+            r.plan = vec![r.stream_launch()?];
+        } else if r.step_kernel.is_some() {
             r.plan = vec![r.step_launch()?];
         }
         if opts.batched_prefill {
@@ -852,6 +867,8 @@ mod tests {
         assert_eq!(gemv_smem(10240, false, false), 40960);
         assert_eq!(std::mem::size_of::<AttnParams>(), 184);
         assert_eq!(std::mem::size_of::<StepParams>(), 40);
+        assert_eq!(std::mem::size_of::<StreamParams>(), 72);
+        assert_eq!(std::mem::size_of::<crate::stream_layout::SmShare>(), 36);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);
     }

@@ -54,10 +54,11 @@ fn step_mats(model: &Model, quant: Quant) -> Result<Vec<(&'static str, HostMat, 
             out.push(("gemv.ple_proj", fuse_host(&[&p.proj], false, quant)?, false));
         }
     }
+    // Whole along K: the argmax reads one logit vector.
     out.push((
         "gemv.lm_head",
         fuse_host(&[w.lm_head()], false, quant)?,
-        false,
+        true,
     ));
     Ok(out)
 }
@@ -73,7 +74,7 @@ pub fn step_streams(
     let mats = step_mats(model, quant)?;
     let ops: Vec<StreamOp> = mats
         .iter()
-        .map(|(_, m, glu)| StreamOp {
+        .map(|(_, m, whole)| StreamOp {
             weights: match m {
                 HostMat::Int4(q) => Weights::Int4(q),
                 HostMat::Bf16 { rows, cols, bits } => Weights::Bf16 {
@@ -82,7 +83,7 @@ pub fn step_streams(
                     bits,
                 },
             },
-            glu: *glu,
+            whole: *whole,
         })
         .collect();
     let streams = stream_layout::build(&ops, n_sm, warps)

@@ -72,12 +72,12 @@ impl Weights<'_> {
     }
 }
 
-/// One GEMV of the chain: its weights and whether its rows are interleaved (gate, up) pairs,
-/// which must stay whole along K (the GeGLU needs full sums).
+/// One GEMV of the chain: its weights and whether its rows must stay whole along K (interleaved
+/// (gate, up) pairs: the GeGLU needs full sums; lm_head: the argmax reads one logit vector).
 #[derive(Clone, Copy, Debug)]
 pub struct StreamOp<'a> {
     pub weights: Weights<'a>,
-    pub glu: bool,
+    pub whole: bool,
 }
 
 /// How one GEMV is cut and dealt out.
@@ -113,11 +113,11 @@ impl OpPlan {
 /// The K splits of a GEMV: the smallest of 1-4 whose largest per-SM share of cells is within 2%
 /// of the best (GeGLU rows: 1). Whole tiles leave some SMs up to 1.65x the average (E4B's down
 /// projection: 160 tiles on 132 SMs), and every operation waits for its slowest SM.
-pub fn k_splits(rows: usize, groups: usize, glu: bool, n_sm: usize) -> usize {
+pub fn k_splits(rows: usize, groups: usize, whole: bool, n_sm: usize) -> usize {
     let tiles = rows / CELL_ROWS;
     let mut best: Option<(usize, usize)> = None; // (largest share, splits)
     for s in 1..=4 {
-        if groups % s != 0 || (glu && s > 1) {
+        if groups % s != 0 || (whole && s > 1) {
             continue;
         }
         let share = (tiles * s).div_ceil(n_sm) * (groups / s);
@@ -188,7 +188,7 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
         plans.push(OpPlan {
             rows,
             groups,
-            splits: k_splits(rows, groups, op.glu, n_sm),
+            splits: k_splits(rows, groups, op.whole, n_sm),
         });
     }
     let cell = format.bytes();
@@ -525,7 +525,7 @@ mod tests {
             .zip(SHAPES)
             .map(|(m, (_, _, glu))| StreamOp {
                 weights: Weights::Int4(m),
-                glu,
+                whole: glu,
             })
             .collect()
     }
@@ -568,7 +568,7 @@ mod tests {
                     cols: *cols,
                     bits,
                 },
-                glu,
+                whole: glu,
             })
             .collect();
         let st = build(&ops, 13, 12).unwrap();
@@ -634,7 +634,7 @@ mod tests {
         let m = quantize_int4(&matrix(24, 128, 3));
         let op = StreamOp {
             weights: Weights::Int4(&m),
-            glu: false,
+            whole: false,
         };
         assert!(build(&[op], 4, 4).is_err()); // 24 rows: not whole tiles
         let a = quantize_int4(&matrix(16, 128, 4));
@@ -642,7 +642,7 @@ mod tests {
         let mixed = [
             StreamOp {
                 weights: Weights::Int4(&a),
-                glu: false,
+                whole: false,
             },
             StreamOp {
                 weights: Weights::Bf16 {
@@ -650,7 +650,7 @@ mod tests {
                     cols: 64,
                     bits: &bits,
                 },
-                glu: false,
+                whole: false,
             },
         ];
         assert!(build(&mixed, 4, 4).is_err());

@@ -655,6 +655,10 @@ pub struct GpuVariantArgs {
     /// memory, grid-wide barriers between operations).
     #[arg(long)]
     pub single_kernel: bool,
+    /// The decode step as the streamed step (int4 with int8 activations; one block per SM, the
+    /// GEMV weights streamed per SM through a shared-memory ring; docs/streamed-step.md).
+    #[arg(long)]
+    pub streamed_step: bool,
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.
     #[arg(long)]
     pub attn_tile: bool,
@@ -723,6 +727,7 @@ impl GpuVariantArgs {
             gemv_unroll8: self.gemv_unroll8,
             attn_prefetch: self.attn_prefetch,
             single_kernel: self.single_kernel,
+            streamed_step: self.streamed_step,
             attn_smem_tile: self.attn_tile,
             attn_by_head_dim: if self.attn_runtime_hd {
                 Some(false)

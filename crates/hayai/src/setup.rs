@@ -148,7 +148,7 @@ pub fn bench_engine(
                     "kernels_per_step": r.kernels_per_step,
                     "pdl": r.pdl, "persistent_gemv": r.cuda.persistent_gemv, "fuse_ple": r.cuda.fuse_ple,
                     "gemv_unroll8": r.cuda.gemv_unroll8, "attn_prefetch": r.cuda.attn_prefetch,
-                    "single_kernel": r.cuda.single_kernel, "attn_smem_tile": r.cuda.attn_smem_tile,
+                    "single_kernel": r.cuda.single_kernel, "streamed_step": r.cuda.streamed_step, "attn_smem_tile": r.cuda.attn_smem_tile,
                     "int8_activations": r.cuda.int8_activations, "l2_prefetch": r.cuda.l2_prefetch,
                     "tensor_core_gemv": r.cuda.tensor_core_gemv, "gemv": r.cuda.gemv_name(),
                     "weight_bytes_per_token": r.weight_bytes_per_token,

@@ -146,6 +146,30 @@ pub(crate) struct StepParams {
     pub(crate) x_floats: i32,
 }
 
+/// The streamed step's parameters (kernels/stream_step.cu `StreamParams`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StreamParams {
+    pub(crate) ops: u64,
+    pub(crate) stream: u64,
+    pub(crate) sm_base: u64,
+    pub(crate) sm_cells: u64,
+    pub(crate) shares: u64,
+    pub(crate) done: u64,
+    pub(crate) timing: u64,
+    pub(crate) n_ops: i32,
+    pub(crate) n_gemv: i32,
+    pub(crate) x_floats: i32,
+    pub(crate) pad: i32,
+}
+/// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`), its threads,
+/// and the bytes of one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments
+/// (96 groups of 16 entries of 8 bytes).
+pub(crate) const STREAM_WARPS: usize = 12;
+pub(crate) const STREAM_THREADS: usize = (STREAM_WARPS + 1) * 32;
+pub(crate) const STREAM_CHUNK_BYTES: usize = 16 * 1056;
+pub(crate) const STREAM_XF_BYTES: usize = 96 * 16 * 8;
+
 /// One recorded kernel launch of the decode plan.
 #[derive(Clone)]
 pub(crate) struct Launch {

@@ -106,6 +106,14 @@ pub struct CudaOptions {
     /// shared-memory ring ahead of the computation. Its K splits differ from the launch plan's,
     /// so its sums are ordered differently (same tolerance to the CPU reference).
     pub single_kernel: bool,
+    /// The whole decode step as the streamed step (kernels/stream_step.cu, docs/streamed-step.md):
+    /// one block per SM whose producer warp streams the SM's share of every GEMV's weights (laid
+    /// out per SM at load, a second copy of the int4 weights) into a shared-memory ring while its
+    /// consumer warps run the single-kernel step's operations, each waiting for every SM to
+    /// finish the one before. int4 only, with int8 activations (W4A8, as
+    /// [`CudaOptions::int8_activations`]); its K splits are the stream layout's. Off until it
+    /// beats the default on the H200.
+    pub streamed_step: bool,
     /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
     /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so
     /// DRAM streams the next matrix while the dependent chain of the current kernel runs. A
@@ -154,6 +162,7 @@ impl Default for CudaOptions {
             // Measured on the H200: 385 -> 393 tok/s (docs/performance.md).
             tensor_core_kwarps: true,
             single_kernel: false,
+            streamed_step: false,
             l2_prefetch: 0,
             l2_prefetch_own: false,
             l2_prefetch_attn: 0,
@@ -170,7 +179,11 @@ impl CudaOptions {
     pub fn uses_tensor_cores(&self) -> bool {
         self.tensor_core_gemv
             && self.quant == Quant::Int4
-            && !(self.persistent_gemv || self.single_kernel || self.gemv_unroll8 || self.fuse_ple)
+            && !(self.persistent_gemv
+                || self.single_kernel
+                || self.streamed_step
+                || self.gemv_unroll8
+                || self.fuse_ple)
     }
 
     /// Whether decode attention runs compiled for its head dim ([`CudaOptions::attn_by_head_dim`]).
@@ -183,14 +196,16 @@ impl CudaOptions {
     /// Whether the int4 decode GEMVs take int8 activations (`gemv_mma_a8` on tensor cores,
     /// else `gemv_a8`).
     pub fn uses_int8_activations(&self) -> bool {
-        self.int8_activations
-            && self.quant == Quant::Int4
-            && !(self.persistent_gemv || self.single_kernel)
+        self.quant == Quant::Int4
+            && (self.streamed_step
+                || self.int8_activations && !(self.persistent_gemv || self.single_kernel))
     }
 
     /// The decode GEMV in use, in words (benchmark reports).
     pub fn gemv_name(&self) -> &'static str {
-        if self.single_kernel {
+        if self.streamed_step {
+            "streamed step (W4A8, integer mma)"
+        } else if self.single_kernel {
             "single-kernel step"
         } else if self.persistent_gemv {
             "persistent"

@@ -168,6 +168,10 @@ impl CudaRunner {
 
     fn mat_splits(&self, m: &DevMat, sm: usize) -> usize {
         let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
+        if self.streamed {
+            // The stream layout's own K splits (its gate/up: 1, at the call site).
+            return crate::stream_layout::k_splits(m.rows, m.cols / 128, false, sm);
+        }
         if let Some(k) = &self.step_kernel {
             return step_splits(m.rows, units, k.warps);
         }
@@ -425,7 +429,9 @@ impl CudaRunner {
             // for `gemv`). `gemv_mma` has half as many blocks per matrix and splits it, the GeGLU
             // applied by the last block of each row tile after the split sum.
             let tc = self.tc_gemv && dl.gateup.int4;
-            let sgu = if self.persistent || self.step_kernel.is_some() || tc {
+            let sgu = if self.streamed {
+                1
+            } else if self.persistent || self.step_kernel.is_some() || tc {
                 self.mat_splits(&dl.gateup, sm)
             } else {
                 1

@@ -1,0 +1,486 @@
+// The streamed decode step (docs/streamed-step.md): the whole step as one persistent kernel, one
+// block per SM, whose GEMV weights are not read by the consumers from the matrices but streamed
+// into a shared-memory ring by one producer warp per SM, from a per-SM stream the host laid out
+// at load (src/stream_layout.rs: each SM's cells of every GEMV in the order its warps take them).
+// The producer never waits for activations, so an operation's weights are in flight (or landed)
+// while the SM waits for its input; the consumer warps (SS_NW) run the operations of the
+// single-kernel step's list (kernels/step.cu: the same records, prologues, attention, per-layer
+// embedding mix and argmax), an operation starting once every SM has published the one before.
+//
+// GEMVs are int4 with int8 activations (W4A8, the CPU twin's MatmulInputs::Int8: x quantized per
+// 128 columns, q = round(x * 127 / max|x|)) on the integer tensor cores: a cell is one 16-row
+// tile's 128-column group (1,024 bytes of nibbles in the m16n8k32 fragment order, then the 16
+// rows' bf16 scales). A GEMV's rows are cut into units (a tile's K slice; `splits` slices), each
+// SM taking a contiguous range of units (`SmShare`, from the host) in passes of up to SS_NW
+// units, kw warps per unit when it has fewer units than warps; the slices' partial vectors
+// [splits][rows] are added in slice order by the consumer's prologue, so no result depends on
+// the schedule.
+//
+// The ring: SS_CH cells per chunk, NCH chunks. Only the producer waits on the copies' mbarriers
+// (sm_90: one bulk copy per chunk; sm_80-89: cp.async by its 32 lanes); it publishes how many
+// chunks have landed in a shared word, each consumer warp how many it is done with in its own,
+// and a slot is refilled once every warp has passed it. The producer holds its copies while an
+// operation publishes (the output stores otherwise queue behind the stream) and on sm_90 pulls
+// the next chunks into L2 while the ring is full. Measured in the prototype
+// (proto/stream_step.cu, docs/performance.md, tenth session).
+#include "common.cuh"
+
+#define SS_NW 12                        // consumer warps
+#define SS_THREADS ((SS_NW + 1) * 32)   // + the producer warp
+#define SS_CELL_BYTES 1056
+#define SS_CELL_U4 (SS_CELL_BYTES / 16)
+#define SS_CH 16                        // cells per ring chunk
+#define SS_MAXG 96                      // input groups: K <= 12,288
+#define SS_BAR 4                        // the consumers' named barrier (attention groups take 1-3)
+#define SS_PFD 8                        // sm_90: chunks pulled into L2 ahead while the ring is full
+#define SS_PSLEEP 300                   // sm_90: ns the idle producer sleeps on its oldest copy
+
+// One SM's share of one GEMV (src/stream_layout.rs `SmShare`, uploaded as is).
+struct SmShare {
+    unsigned first_unit, units, first_slice, last_slice, np, kw, rounds, first_tile, first_cell;
+};
+static_assert(sizeof(SmShare) == 36, "SmShare is mirrored by the host");
+
+struct StreamParams {
+    const StepOp* ops;              // the step's operations; a GEMV's `next_gemv` is its GEMV ordinal
+    const uint4* stream;            // every SM's cells
+    const unsigned long long* sm_base;  // [SM] first cell of its stream
+    const unsigned* sm_cells;       // [SM] cells in its stream
+    const SmShare* shares;          // [SM][GEMV]
+    unsigned* done;                 // [n_ops] SMs done with each operation (monotonic over launches)
+    // Profiling (null: off): [n_ops][STEP_STAMPS] ns as the single-kernel step's: 0 SM 0 starts
+    // the operation (its input ready), 1-2 its GEMV prologue, 3 its inputs quantized, 4 SM 0
+    // done, 5 the last SM done.
+    unsigned long long* timing;
+    int n_ops, n_gemv;
+    int x_floats;                   // shared floats of the GEMV input x (or attention scratch)
+    int pad;
+};
+
+static_assert(sizeof(StreamParams) == 72, "StreamParams is mirrored by the host");
+
+// The consumer warps as a thread group (gemv_prologue, group_sum) with their own barrier.
+struct ConsumerThreads {
+    __device__ __forceinline__ int t() const { return threadIdx.x; }
+    __device__ __forceinline__ int n() const { return SS_NW * 32; }
+    __device__ __forceinline__ unsigned tu() const { return threadIdx.x; }
+    __device__ __forceinline__ unsigned nu() const { return SS_NW * 32; }
+    __device__ __forceinline__ void sync() const { asm volatile("bar.sync %0, %1;" ::"n"(SS_BAR), "n"(SS_NW * 32) : "memory"); }
+};
+
+__device__ __forceinline__ unsigned ss_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned ss_ld_acquire_cta(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned ss_ld_acquire_gpu(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void ss_st_release_cta(unsigned addr, unsigned v) {
+    asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ bool ss_mbar_done(uint64_t* b, unsigned parity) {
+    unsigned ok;
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok)
+                 : "r"(ss_smem(b)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+
+// The producer warp: this SM's `total` cells into the ring chunk by chunk; chunk c goes into slot
+// c % NCH once chunk c - NCH has landed and every consumer warp is done with it.
+template <int NCH>
+__device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t* full, unsigned total,
+                           int lane, volatile int* hold, unsigned* landed, const unsigned* wdone) {
+    const uint4* src = P.stream + P.sm_base[blockIdx.x] * SS_CELL_U4;
+    const unsigned nch = (total + SS_CH - 1) / SS_CH;
+    unsigned issued = 0, done = 0, pf = 0;
+    while (done < nch) {
+        bool moved = false;
+        if (issued < nch && (issued < NCH || done > issued - NCH)) {
+            unsigned freed = lane < SS_NW ? ss_ld_acquire_cta(ss_smem(wdone + lane)) : 0xffffffffu;
+            freed = __reduce_min_sync(HAYAI_FULL_MASK, freed);
+            if ((issued < NCH || freed > issued - NCH) && !*hold) {
+                const unsigned slot = issued % NCH;
+                const unsigned n16 = min((unsigned)SS_CH, total - issued * SS_CH) * SS_CELL_U4;
+                uint4* dst = (uint4*)ring + slot * SS_CH * SS_CELL_U4;
+                const uint4* from = src + (size_t)issued * SS_CH * SS_CELL_U4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                if (lane == 0) {
+                    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(
+                                     ss_smem(&full[slot])),
+                                 "r"(n16 * 16)
+                                 : "memory");
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                            ss_smem(dst)),
+                        "l"(from), "r"(n16 * 16), "r"(ss_smem(&full[slot]))
+                        : "memory");
+                }
+#else
+                for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(ss_smem(&full[slot])) : "memory");
+#endif
+                issued++;
+                moved = true;
+            }
+        }
+        if (done < issued && ss_mbar_done(&full[done % NCH], (done / NCH) & 1u)) {
+            done++;
+            __syncwarp();
+            if (lane == 0) ss_st_release_cta(ss_smem(landed), done);
+            moved = true;
+        }
+        if (!moved) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            // Nothing to copy or publish: pull the next chunks into L2 (up to SS_PFD ahead).
+            if (pf < issued) pf = issued;
+            if (pf < nch && pf < issued + SS_PFD && !*hold) {
+                if (lane == 0)
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)pf * SS_CH * SS_CELL_U4),
+                                 "r"(min((unsigned)SS_CH, total - pf * SS_CH) * SS_CELL_BYTES)
+                                 : "memory");
+                pf++;
+                continue;
+            }
+            if (done < issued) {  // a copy in flight: sleep until it lands (at most SS_PSLEEP ns)
+                asm volatile(
+                    "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2; }" ::"r"(
+                        ss_smem(&full[done % NCH])),
+                    "r"((done / NCH) & 1u), "r"((unsigned)SS_PSLEEP)
+                    : "memory");
+                continue;
+            }
+#endif
+            __nanosleep(20);
+        }
+    }
+    (void)pf;
+}
+
+// A consumer warp's view of the ring (positions in cells of this SM's stream).
+template <int NCH>
+struct SsRing {
+    const uint4* cells;
+    unsigned have;    // chunks [0, have) are known to have landed
+    unsigned rel;     // chunks [0, rel) are released by this warp
+    unsigned landed;  // shared address of the producer's landed count
+    unsigned wdone;   // shared address of this warp's done count
+
+    __device__ __forceinline__ void land(unsigned c) {
+        while (have <= c) have = ss_ld_acquire_cta(landed);
+    }
+    // Chunks before pos's are done with. A release store: the chunk's shared-memory reads are
+    // ordered before the producer's refill by the memory model, not only by issue order.
+    __device__ __forceinline__ void release_to(unsigned pos) {
+        const unsigned c = pos / SS_CH;
+        if (rel >= c) return;
+        rel = c;
+        ss_st_release_cta(wdone, c);
+    }
+    __device__ __forceinline__ const uint4* cell(unsigned pos) const {
+        return cells + ((pos / SS_CH) % NCH * SS_CH + pos % SS_CH) * SS_CELL_U4;
+    }
+};
+
+// One cell on the integer tensor cores: this warp's 16 rows times the group's int8 x. Lane
+// (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8 (high nibble) at columns
+// 32 t + 4 c + i and 32 t + 16 + 4 c + i (stream_layout.rs `encode_cell`); the high nibbles stay
+// in place as 16 q (still a u8), their sums shifted back exactly. The nibbles' +8 comes off
+// through the group's integer x sum `xs8`; `xsc` is the group's x scale. xb: lanes 0-3 their B
+// entries, the others 16 zero entries.
+__device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs8, float xsc, int lane,
+                                        float& acc_a, float& acc_b) {
+    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
+    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    const uint16_t* sc = (const uint16_t*)(cp + 64);
+    const int g = lane >> 2;
+    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+    int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, ws[2 * t] & 0xF0F0F0F0u, ws[2 * t + 1] & 0x0F0F0F0Fu,
+                               ws[2 * t + 1] & 0xF0F0F0F0u};
+        const uint2 bv = xb[t * 4];
+        const uint32_t b[2] = {bv.x, bv.y};
+        mma_u8s8(d[t & 1], a, b);
+    }
+    // As gemv_a8: (integer dot - 8 x sum) times (x scale * weight scale).
+    const float fa = (float)(d[0][0] + d[1][0] - 8 * xs8), fb = (float)(((d[0][2] + d[1][2]) >> 4) - 8 * xs8);
+    acc_a = fmaf(fa * xsc, sa, acc_a);
+    acc_b = fmaf(fb * xsc, sb, acc_b);
+}
+
+struct SsPass {
+    int np, kw, rounds;
+};
+// Pass p of an SM's nt units of gu groups (stream_layout.rs `pass_of`).
+__device__ __forceinline__ SsPass ss_pass(int nt, int p, int gu) {
+    SsPass q;
+    q.np = min(nt - p * SS_NW, SS_NW);
+    q.kw = SS_NW / q.np;
+    q.rounds = (gu + q.kw - 1) / q.kw;
+    return q;
+}
+// Unit first_unit + idx's (K slice, tile), stepping from the first unit's (stream_layout.rs `unit_at`).
+__device__ __forceinline__ void ss_unit_at(const SmShare& sh, int tiles, int idx, int& slice, int& tile) {
+    slice = (int)sh.first_slice;
+    tile = (int)sh.first_tile + idx;
+    while (tile >= tiles) {
+        tile -= tiles;
+        slice++;
+    }
+}
+
+// Shared state of the consumers' GEMV path.
+struct SsShared {
+    float red[2][SS_NW][16];  // a pass's per-warp row sums (alternating: no barrier between passes' uses)
+    float sred[32];           // group_sum scratch
+    int xs8[SS_MAXG];         // per input group: integer sum of the quantized x
+    float xsc[SS_MAXG];       // per input group: x scale max|x| / 127
+    uint2 xzero[16];          // the B entries of lanes without a column-0 value
+};
+
+// One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
+// the groups this SM multiplies, then its units' cells from the ring, the rows of each pass stored
+// as partial vector `slice` of the output.
+template <int NCH>
+__device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
+                        SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
+    const int nt = (int)sh.units;
+    // SM 0 stores the new residual (gemv_prologue): it runs the prologue even without units.
+    if (nt == 0 && !(blockIdx.x == 0 && g.res_out)) return;
+    // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
+    // anyway when a norm or residual needs it).
+    const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
+    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32, nullptr,
+                                            ConsumerThreads{});
+    if (nt == 0) return;
+    // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
+    // c = l % 4), half (l / 4) % 2.
+    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+        int q[4];
+        const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
+        const int qs = __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]);
+        ((uint32_t*)xf)[((grp * 4 + (lane >> 3)) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)] =
+            (uint32_t)(q[0] & 255) | (uint32_t)(q[1] & 255) << 8 | (uint32_t)(q[2] & 255) << 16 |
+            (uint32_t)(q[3] & 255) << 24;
+        if (lane == 0) {
+            sm.xs8[grp] = qs;
+            sm.xsc[grp] = m / 127.f;
+        }
+    }
+    ConsumerThreads{}.sync();
+    stamp_at(stamps, 3);
+
+    const unsigned base = sh.first_cell;
+    for (int p = 0; p * SS_NW < nt; p++, pc++) {
+        const SsPass q = p == 0 ? SsPass{(int)sh.np, (int)sh.kw, (int)sh.rounds} : ss_pass(nt, p, gu);
+        const unsigned pb = base + (unsigned)(p * SS_NW * gu);
+        float acc_a = 0.f, acc_b = 0.f;
+        if (warp < q.np * q.kw) {
+            const int ti = warp / q.kw, sl = warp % q.kw;
+            int u_slice, u_tile;
+            ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
+            const int gofs = u_slice * gu;  // the unit's first group
+            // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
+            int r = 0;
+            for (; r + 1 < q.rounds; r += 2) {  // two cells at a time (rounds r and r + 1, r full)
+                const int ga = r * q.kw + sl, gb = ga + q.kw;
+                if (gb >= gu) break;
+                const int cnt1 = min(q.kw, gu - (r + 1) * q.kw);
+                const unsigned p0 = pb + (unsigned)(r * q.np * q.kw + ti * q.kw + sl);
+                const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
+                R.release_to(p0);
+                R.land(p1 / SS_CH);
+                ss_cell(R.cell(p0), lane < 4 ? xf + (gofs + ga) * 16 + lane : sm.xzero, sm.xs8[gofs + ga],
+                        sm.xsc[gofs + ga], lane, acc_a, acc_b);
+                ss_cell(R.cell(p1), lane < 4 ? xf + (gofs + gb) * 16 + lane : sm.xzero, sm.xs8[gofs + gb],
+                        sm.xsc[gofs + gb], lane, acc_a, acc_b);
+            }
+            for (; r < q.rounds; r++) {
+                const int grp = r * q.kw + sl;
+                if (grp >= gu) break;
+                const int cnt = min(q.kw, gu - r * q.kw);
+                const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
+                R.release_to(pos);
+                R.land(pos / SS_CH);
+                ss_cell(R.cell(pos), lane < 4 ? xf + (gofs + grp) * 16 + lane : sm.xzero, sm.xs8[gofs + grp],
+                        sm.xsc[gofs + grp], lane, acc_a, acc_b);
+            }
+            if ((lane & 3) == 0) {
+                sm.red[pc & 1][warp][lane >> 2] = acc_a;
+                sm.red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
+            }
+        }
+        // Done with this pass's cells (or idle in it): let the ring move on before the barrier.
+        R.release_to(pb + (unsigned)(q.np * gu));
+        ConsumerThreads{}.sync();
+        // The last pass's cells are all read: hold the stream while the operation publishes.
+        if (tid == 0 && (p + 1) * SS_NW >= nt) *hold = 1;
+        // The np units' rows: the kw warps' sums added in slice order, into partial vector `slice`.
+        for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
+            const int ti = i >> 4, row = i & 15;
+            float sum = 0.f;
+#pragma unroll
+            for (int s = 0; s < SS_NW; s++)
+                if (s < q.kw) sum += sm.red[pc & 1][ti * q.kw + s][row];
+            int slice, tile;
+            ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
+            g.out[(size_t)slice * g.rows + tile * 16 + row] = sum;
+        }
+    }
+    R.release_to(base + (unsigned)(nt * gu));
+}
+
+// Attention's (split, head) items over three 128-thread groups, each with its own scratch; only
+// splits of at least 32 keys take part (attn_item's MINK, as the launch plan's default
+// `attn_min_keys`): the plan's split count is sized for the longest context.
+__device__ __forceinline__ void ss_attention(const AttnParams& a, float* xs) {
+    const int gi = threadIdx.x >> 7;
+    AttnSmem& as = ((AttnSmem*)xs)[gi];
+    const GroupThreads gt{1 + gi};
+    const int n_items = a.splits * a.nh;
+    for (int it = blockIdx.x * 3 + gi; it < n_items; it += gridDim.x * 3) {
+        gt.sync();  // the group's previous item is done with its shared memory
+        attn_item<GroupThreads, 2, 4, 0, 32>(a, it % a.splits, it / a.splits, as, gt, nullptr);
+    }
+}
+
+template <int NCH>
+__device__ void stream_body(const StreamParams& P) {
+    extern __shared__ __align__(128) unsigned char ss_dyn[];
+    __shared__ uint64_t full[NCH];
+    __shared__ unsigned landed_w, wdone_w[SS_NW];
+    __shared__ volatile int hold;
+    __shared__ unsigned done_base;
+    __shared__ SsShared sm;
+    __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
+    __shared__ SmShare share_stage[2];
+    unsigned char* ring = ss_dyn;
+    float* xs = (float*)(ss_dyn + (size_t)NCH * SS_CH * SS_CELL_BYTES);
+    uint2* xf = (uint2*)(xs + P.x_floats);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const int nsm = gridDim.x;
+
+    if (tid == 0) {
+        for (int i = 0; i < NCH; i++) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            const unsigned count = 1;  // the bulk copy's expect_tx arrival
+#else
+            const unsigned count = 32;  // the producer lanes' cp.async arrivals
+#endif
+            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(ss_smem(&full[i])), "r"(count) : "memory");
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+        landed_w = 0;
+        hold = 0;
+        // Every SM reads the last operation's counter before it publishes anything; no SM can
+        // publish the last operation before every SM has published the one before it, so this
+        // is the count the previous launches left.
+        unsigned v;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(P.done + P.n_ops - 1) : "memory");
+        done_base = v;
+    }
+    if (tid < SS_NW) wdone_w[tid] = 0;
+    if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
+    if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
+    __syncthreads();
+    if (warp == SS_NW) {
+        ss_produce<NCH>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w);
+        return;
+    }
+
+    SsRing<NCH> R;
+    R.cells = (const uint4*)ring;
+    R.have = 0;
+    R.rel = 0;
+    R.landed = ss_smem(&landed_w);
+    R.wdone = ss_smem(&wdone_w[warp]);
+    const ConsumerThreads ct;
+    const unsigned target = done_base + (unsigned)nsm;
+    int pc = 0;
+    for (int k = 0; k < P.n_ops; k++) {
+        const StepOp& op = *(const StepOp*)op_stage[k & 1];
+        // The next record (and, for a GEMV, this SM's share) staged before this one's wait.
+        if (k + 1 < P.n_ops) {
+            if (tid < STEP_OP_BYTES / 16) op_stage[(k + 1) & 1][tid] = ((const uint4*)(P.ops + k + 1))[tid];
+        }
+        if (op.kind == STEP_GEMV && tid >= 32 && tid < 32 + 9)
+            ((unsigned*)&share_stage[k & 1])[tid - 32] =
+                ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
+        if (k > 0 && tid == 0) {
+            // Every SM has published operation k - 1 (acquire: its outputs are visible).
+            while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
+        }
+        ct.sync();
+        unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
+        stamp_at(stamps, 0);
+        const int kind = op.kind;
+        if (kind == STEP_GEMV) {
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps);
+        } else if (kind == STEP_ATTN) {
+            ss_attention(op.a, xs);
+        } else if (kind == STEP_PLE) {
+            step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
+        } else if (kind == STEP_ARGMAX1) {
+            for (int b = blockIdx.x; b < op.m.blocks; b += nsm) {
+                float bv = -INFINITY;
+                int bi = 0x7fffffff;
+                for (int i = b * SS_NW * 32 + tid; i < op.m.n; i += op.m.blocks * SS_NW * 32) {
+                    float v = op.m.logits[i];
+                    if (op.m.softcap > 0.f) {
+                        v = op.m.softcap * tanhf(v / op.m.softcap);
+                        op.m.logits[i] = v;
+                    }
+                    better(bv, bi, v, i);
+                }
+                block_argmax(bv, bi, ct);
+                if (tid == 0) {
+                    op.m.blk_val[b] = bv;
+                    op.m.blk_idx[b] = bi;
+                }
+                ct.sync();
+            }
+        } else if (kind == STEP_ARGMAX2) {
+            if (blockIdx.x == 0) {
+                float bv = -INFINITY;
+                int bi = 0x7fffffff;
+                for (int i = tid; i < op.m.blocks; i += SS_NW * 32) better(bv, bi, op.m.blk_val[i], op.m.blk_idx[i]);
+                block_argmax(bv, bi, ct);
+                if (tid == 0) {
+                    const int tok = bi == 0x7fffffff ? 0 : bi;
+                    *op.m.out_tok = tok;
+                    op.m.step_io[0] = tok;
+                    op.m.step_io[1] += 1;
+                }
+            }
+        }
+        // The barrier orders every consumer's writes before thread 0's release (cumulative).
+        ct.sync();
+        if (tid == 0) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+            hold = 0;
+            if (stamps) atomicMax(stamps + 5, global_ns());
+        }
+        stamp_at(stamps, 4);
+    }
+    // Let the producer finish (cells of GEMVs this SM had no units of are none; this releases all).
+    R.release_to(0xffffffffu - SS_CH);
+}
+
+// NCH ring chunks: 10 where the shared memory allows (the H200: 227 KB), else 2.
+extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_r10(const StreamParams P) {
+    stream_body<10>(P);
+}
+extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_r2(const StreamParams P) {
+    stream_body<2>(P);
+}
