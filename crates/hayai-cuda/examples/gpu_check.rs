@@ -219,6 +219,16 @@ fn main() {
             }
             let m = random_model(&spec, seed);
             let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+            // The launch plan's W4A8 on the same model: how far the same arithmetic in
+            // another summation order sits from the reference (int8 rounding flips).
+            let o = CudaOptions {
+                int8_activations: true,
+                batched_prefill: false,
+                ..opts(Quant::Int4, false)
+            };
+            let (_, line) =
+                parity_verdict(parity(&m, &o, &p, 300), 1e-4, "launch plan W4A8 ".into());
+            println!("[INFO] {name} (vocab 1,024): {line}");
             for use_graph in [true, false] {
                 let o = CudaOptions {
                     streamed_step: true,

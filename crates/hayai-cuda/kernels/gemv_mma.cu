@@ -318,14 +318,14 @@ __device__ __forceinline__ void gemv_mma_tiled(const GemvParams& p, float* xs) {
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma(const GemvParams p) {
-    extern __shared__ float xs[];
-    gemv_mma_tiled<2, false>(p, xs);
+    extern __shared__ __align__(128) float xs_mma[];
+    gemv_mma_tiled<2, false>(p, xs_mma);
 }
 
 // Four groups in flight per lane (more bytes in flight per warp, more registers).
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_u4(const GemvParams p) {
-    extern __shared__ float xs[];
-    gemv_mma_tiled<4, false>(p, xs);
+    extern __shared__ __align__(128) float xs_mma[];
+    gemv_mma_tiled<4, false>(p, xs_mma);
 }
 
 // 16-row tiles shared by p.kwarps warps along K (CudaOptions::tensor_core_kwarps): more, smaller
@@ -333,24 +333,24 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_u4(const Gem
 // split-K's partial stores, counter and second pass. Same products; the slices' sums are added
 // in another order than one warp's (tolerance, not bit identity).
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw(const GemvParams p) {
-    extern __shared__ float xs[];
-    gemv_mma_tiled<2, true>(p, xs);
+    extern __shared__ __align__(128) float xs_mma[];
+    gemv_mma_tiled<2, true>(p, xs_mma);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw_u4(const GemvParams p) {
-    extern __shared__ float xs[];
-    gemv_mma_tiled<4, true>(p, xs);
+    extern __shared__ __align__(128) float xs_mma[];
+    gemv_mma_tiled<4, true>(p, xs_mma);
 }
 
 // W4A8 on tensor cores (see gemv_mma_a8_fragments): the gemv_mma and gemv_mma_kw shapes.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_a8(const GemvParams p) {
-    extern __shared__ float xs[];
-    gemv_mma_tiled<2, false, true>(p, xs);
+    extern __shared__ __align__(128) float xs_mma[];
+    gemv_mma_tiled<2, false, true>(p, xs_mma);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kw_a8(const GemvParams p) {
-    extern __shared__ float xs[];
-    gemv_mma_tiled<2, true, true>(p, xs);
+    extern __shared__ __align__(128) float xs_mma[];
+    gemv_mma_tiled<2, true, true>(p, xs_mma);
 }
 
 // The same products with the weights streamed through a per-thread ring of GMMA_RING stages in

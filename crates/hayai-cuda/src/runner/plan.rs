@@ -144,13 +144,16 @@ impl CudaRunner {
         } else {
             let a8 = self.int8_act && m.int4;
             let norms = p.res_in != 0 || p.norm_w != 0;
+            let kernel = if a8 { "gemv_a8" } else { self.tiled_gemv };
+            // `gemv` reads x from 16 bytes past the start (kernels/gemv.cu GEMV_XS_OFFSET).
+            let offset = if kernel == "gemv" { 16 } else { 0 };
             Launch::new(
                 &self.gpu,
                 label,
-                if a8 { "gemv_a8" } else { self.tiled_gemv },
+                kernel,
                 grid,
                 256,
-                gemv_smem(m.cols, a8, norms) as u32,
+                (gemv_smem(m.cols, a8, norms) + offset) as u32,
                 &p,
             )
         };
