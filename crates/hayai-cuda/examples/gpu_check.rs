@@ -229,6 +229,13 @@ fn main() {
             let (_, line) =
                 parity_verdict(parity(&m, &o, &p, 300), 1e-4, "launch plan W4A8 ".into());
             println!("[INFO] {name} (vocab 1,024): {line}");
+            // ... with the run-time-head-dim attention (`attn_split`, as the streamed step's).
+            let (_, line) = parity_verdict(
+                parity(&m, &runtime_attention(o), &p, 300),
+                1e-4,
+                "launch plan W4A8, run-time-head-dim attention ".into(),
+            );
+            println!("[INFO] {name} (vocab 1,024): {line}");
             for use_graph in [true, false] {
                 let o = CudaOptions {
                     streamed_step: true,

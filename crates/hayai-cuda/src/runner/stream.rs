@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::step_streams::step_streams;
-use crate::stream_layout::SmShare;
+use crate::stream_layout::{OpPlan, SmShare};
 
 /// Ring depths the kernel is compiled for (`decode_stream_r{N}`), deepest first.
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
@@ -77,76 +77,13 @@ impl CudaRunner {
         let (kernel, grid, smem, x_floats) = (cfg.kernel, cfg.grid, cfg.smem, cfg.x_floats);
         let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS)?;
         let streams = &st.streams;
-        let n = self.plan.len();
-        let mut bytes = vec![0u8; n * STEP_OP_BYTES];
-        let mut gi = 0usize;
-        for (i, l) in self.plan.iter().enumerate() {
-            let kind: i32 = match l.kernel {
-                "gemv" => 0,
-                "attn_split" => 1,
-                "ple_combine" => 2,
-                "argmax_stage1" => 3,
-                "argmax_stage2" => 4,
-                k => {
-                    return Err(CudaError::Unsupported(format!(
-                        "streamed step: no operation for kernel {k}"
-                    )))
-                }
-            };
-            let params: Vec<u8> = l.params.iter().flat_map(|w| w.to_le_bytes()).collect();
-            if params.len() > STEP_OP_BYTES - 8 {
-                return Err(CudaError::Unsupported(format!(
-                    "streamed step: {} parameters exceed an operation",
-                    l.label
-                )));
-            }
-            // A GEMV's second word is its ordinal among the GEMVs (its shares' column).
-            let mut second = 0i32;
-            if kind == 0 {
-                let field = |off: usize| {
-                    i32::from_le_bytes(params[off..off + 4].try_into().expect("4 bytes")) as usize
-                };
-                let (rows, cols, splits) = (
-                    field(std::mem::offset_of!(GemvParams, rows)),
-                    field(std::mem::offset_of!(GemvParams, cols)),
-                    field(std::mem::offset_of!(GemvParams, splits)),
-                );
-                let plan = streams.ops.get(gi).ok_or_else(|| {
-                    CudaError::Unsupported("streamed step: more GEMVs than streams".into())
-                })?;
-                if st.labels[gi] != l.label
-                    || plan.rows != rows
-                    || plan.groups * 128 != cols
-                    || plan.splits != splits
-                {
-                    return Err(CudaError::Unsupported(format!(
-                        "streamed step: GEMV {gi} ({}, {rows} x {cols}, {splits} K splits) does not match its stream ({}, {} x {}, {})",
-                        l.label,
-                        st.labels[gi],
-                        plan.rows,
-                        plan.groups * 128,
-                        plan.splits
-                    )));
-                }
-                second = gi as i32;
-                gi += 1;
-            }
-            let op = &mut bytes[i * STEP_OP_BYTES..(i + 1) * STEP_OP_BYTES];
-            op[0..4].copy_from_slice(&kind.to_le_bytes());
-            op[4..8].copy_from_slice(&second.to_le_bytes());
-            op[8..8 + params.len()].copy_from_slice(&params);
-        }
-        if gi != streams.ops.len() {
-            return Err(CudaError::Unsupported(format!(
-                "streamed step: {gi} GEMVs in the plan, {} streams",
-                streams.ops.len()
-            )));
-        }
-        if n < 2 {
-            return Err(CudaError::Unsupported(
-                "streamed step: fewer than two operations".into(),
-            ));
-        }
+        let ops: Vec<(&str, &str, &[u64])> = self
+            .plan
+            .iter()
+            .map(|l| (l.kernel, l.label, &l.params[..]))
+            .collect();
+        let (bytes, n_gemv) = stream_records(&ops, &st.labels, &streams.ops)?;
+        let n = ops.len();
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
         let sm_base: Vec<u64> = streams.sm_base[..grid].iter().map(|&b| b as u64).collect();
         let sm_cells: Vec<u32> = (0..grid).map(|s| streams.sm_cells(s) as u32).collect();
@@ -166,7 +103,7 @@ impl CudaRunner {
             done: done.ptr(),
             timing: 0,
             n_ops: n as i32,
-            n_gemv: gi as i32,
+            n_gemv: n_gemv as i32,
             x_floats: x_floats as i32,
             pad: 0,
         };
@@ -190,5 +127,172 @@ impl CudaRunner {
         self.step_profile = Some((profiled, labels, timing.ptr()));
         self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
         Ok(l)
+    }
+}
+
+/// The plan's launches `(kernel, label, parameters)` as the streamed step's operation records
+/// (kernels/step.cu `StepOp`: kind, then for a GEMV its ordinal among the GEMVs, which indexes
+/// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
+/// same order with the same shapes and K splits (labels from `step_streams`). Returns the records
+/// and the number of GEMVs.
+fn stream_records(
+    ops: &[(&str, &str, &[u64])],
+    labels: &[&str],
+    plans: &[OpPlan],
+) -> Result<(Vec<u8>, usize), CudaError> {
+    let err = |m: String| CudaError::Unsupported(format!("streamed step: {m}"));
+    if ops.len() < 2 {
+        return Err(err("fewer than two operations".into()));
+    }
+    let mut bytes = vec![0u8; ops.len() * STEP_OP_BYTES];
+    let mut gi = 0usize;
+    for (i, &(kernel, label, words)) in ops.iter().enumerate() {
+        let kind: i32 = match kernel {
+            "gemv" => 0,
+            "attn_split" => 1,
+            "ple_combine" => 2,
+            "argmax_stage1" => 3,
+            "argmax_stage2" => 4,
+            k => return Err(err(format!("no operation for kernel {k}"))),
+        };
+        let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        if params.len() > STEP_OP_BYTES - 8 {
+            return Err(err(format!("{label} parameters exceed an operation")));
+        }
+        let mut ordinal = 0i32;
+        if kind == 0 {
+            let field = |off: usize| -> Result<usize, CudaError> {
+                params
+                    .get(off..off + 4)
+                    .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+                    .ok_or_else(|| err(format!("{label}: short GEMV parameters")))
+            };
+            let (rows, cols, splits) = (
+                field(std::mem::offset_of!(GemvParams, rows))?,
+                field(std::mem::offset_of!(GemvParams, cols))?,
+                field(std::mem::offset_of!(GemvParams, splits))?,
+            );
+            let (plan, want) = plans
+                .get(gi)
+                .zip(labels.get(gi))
+                .ok_or_else(|| err("more GEMVs than streams".into()))?;
+            if *want != label
+                || plan.rows != rows
+                || plan.groups * 128 != cols
+                || plan.splits != splits
+            {
+                return Err(err(format!(
+                    "GEMV {gi} ({label}, {rows} x {cols}, {splits} K splits) does not match its stream ({want}, {} x {}, {})",
+                    plan.rows,
+                    plan.groups * 128,
+                    plan.splits
+                )));
+            }
+            ordinal = gi as i32;
+            gi += 1;
+        }
+        let op = &mut bytes[i * STEP_OP_BYTES..(i + 1) * STEP_OP_BYTES];
+        op[0..4].copy_from_slice(&kind.to_le_bytes());
+        op[4..8].copy_from_slice(&ordinal.to_le_bytes());
+        op[8..8 + params.len()].copy_from_slice(&params);
+    }
+    if gi != plans.len() {
+        return Err(err(format!(
+            "{gi} GEMVs in the plan, {} streams",
+            plans.len()
+        )));
+    }
+    Ok((bytes, gi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gemv(rows: i32, cols: i32, splits: i32) -> Vec<u64> {
+        let p = GemvParams {
+            rows,
+            cols,
+            splits,
+            ..Default::default()
+        };
+        let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
+        write_param(&mut w, 0, &p);
+        w
+    }
+
+    fn plan(rows: usize, groups: usize, splits: usize) -> OpPlan {
+        OpPlan {
+            rows,
+            groups,
+            splits,
+        }
+    }
+
+    #[test]
+    fn records_carry_kinds_and_gemv_ordinals() {
+        let (qkv, o, att) = (gemv(64, 256, 2), gemv(32, 512, 1), vec![7u64; 4]);
+        let ops = [
+            ("gemv", "gemv.qkv", &qkv[..]),
+            ("attn_split", "attention", &att[..]),
+            ("gemv", "gemv.o", &o[..]),
+            ("argmax_stage1", "argmax", &att[..]),
+        ];
+        let labels = ["gemv.qkv", "gemv.o"];
+        let plans = [plan(64, 2, 2), plan(32, 4, 1)];
+        let (b, n) = stream_records(&ops, &labels, &plans).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(b.len(), 4 * STEP_OP_BYTES);
+        let word = |op: usize, at: usize| {
+            i32::from_le_bytes(b[op * STEP_OP_BYTES + at..][..4].try_into().unwrap())
+        };
+        assert_eq!((word(0, 0), word(0, 4)), (0, 0));
+        assert_eq!((word(1, 0), word(1, 4)), (1, 0));
+        assert_eq!((word(2, 0), word(2, 4)), (0, 1));
+        assert_eq!(word(3, 0), 3);
+        // The parameters follow the first 8 bytes unchanged.
+        let rows_at = 8 + std::mem::offset_of!(GemvParams, rows);
+        assert_eq!(word(2, rows_at), 32);
+        assert_eq!(word(1, 8), 7);
+    }
+
+    #[test]
+    fn records_refuse_what_the_streams_do_not_hold() {
+        let qkv = gemv(64, 256, 2);
+        let ops = [
+            ("gemv", "gemv.qkv", &qkv[..]),
+            ("argmax_stage2", "argmax", &qkv[..]),
+        ];
+        // Another K split than the stream's, another label, a missing stream, an unknown kernel.
+        for (labels, plans) in [
+            (vec!["gemv.qkv"], vec![plan(64, 2, 1)]),
+            (vec!["gemv.o"], vec![plan(64, 2, 2)]),
+            (vec![], vec![]),
+        ] {
+            let e = stream_records(&ops, &labels, &plans)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("streamed step"), "{e}");
+        }
+        let extra = [
+            ("gemv", "gemv.qkv", &qkv[..]),
+            ("argmax_stage2", "argmax", &qkv[..]),
+        ];
+        let e = stream_records(
+            &extra,
+            &["gemv.qkv", "gemv.o"],
+            &[plan(64, 2, 2), plan(16, 1, 1)],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("1 GEMVs in the plan, 2 streams"), "{e}");
+        let odd = [
+            ("gemv_mma", "gemv.qkv", &qkv[..]),
+            ("argmax_stage2", "argmax", &qkv[..]),
+        ];
+        let e = stream_records(&odd, &["gemv.qkv"], &[plan(64, 2, 2)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no operation for kernel gemv_mma"), "{e}");
     }
 }
