@@ -14,7 +14,8 @@
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
-#         ~1 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         ~1 min); pending-stream: the engine's streamed step (gpu_check stream-gemma3, stream,
+#         bench-stream against bench; ~4 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -86,6 +87,16 @@ run() {
     BUILDS="W16=1,CH_CELLS=16" PROTO_MODES=0 timeout 200 scripts/proto-stream.sh --iters 10 --chunks 4 --ctx 640 >> "$out/proto.log" 2>&1
     echo "rc=$?" >> "$out/proto.log"
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
+  fi
+  if has pending-stream; then
+    # The engine's streamed step (docs/performance.md, eleventh session): the small Gemma 3 first
+    # (9.8e-4 from its twin before the cells' scale product followed gemv_mma_a8's order, a change
+    # not yet run), then every parity check and the E4B benchmark with its per-operation profile.
+    # Carry target/release/examples/gpu_check (scripts/gpu-session.sh prepare builds it).
+    stage "streamed step"
+    timeout 60 "$C" stream-gemma3 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"
+    timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL|INFO" | tee -a "$out/session.log"
+    timeout 120 "$C" bench-stream bench 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
   fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"

@@ -203,6 +203,21 @@ fn main() {
             }
         }
     }
+    if want("stream-gemma3") {
+        // The streamed step on the small Gemma 3 alone (vocabulary 1,024), graph replay: the
+        // model where it sat 9.8e-4 from its twin (docs/performance.md, eleventh session).
+        let mut spec = small_spec(Arch::Gemma3);
+        spec.vocab = 1024;
+        let m = random_model(&spec, 2);
+        let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        let o = CudaOptions {
+            streamed_step: true,
+            batched_prefill: false,
+            ..opts(Quant::Int4, false)
+        };
+        let (ok, line) = parity_verdict(parity(&m, &o, &p, 300), 1e-4, "streamed ".into());
+        check("small-gemma3", ok, line);
+    }
     if want("stream") {
         // The streamed step (W4A8) against the CPU reference that rounds its matrix inputs the
         // same way (MatmulInputs::Int8 { group: 128 }); its K splits are the stream layout's, so

@@ -209,10 +209,10 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
         const uint32_t b[2] = {bv.x, bv.y};
         mma_u8s8(d[t & 1], a, b);
     }
-    // As gemv_a8: (integer dot - 8 x sum) times (x scale * weight scale).
+    // As gemv_a8 and gemv_mma_a8: (integer dot - 8 x sum) times (weight scale * x scale).
     const float fa = (float)(d[0][0] + d[1][0] - 8 * xs8), fb = (float)(((d[0][2] + d[1][2]) >> 4) - 8 * xs8);
-    acc_a = fmaf(fa * xsc, sa, acc_a);
-    acc_b = fmaf(fb * xsc, sb, acc_b);
+    acc_a = fmaf(fa, sa * xsc, acc_a);
+    acc_b = fmaf(fb, sb * xsc, acc_b);
 }
 
 struct SsPass {
