@@ -228,6 +228,47 @@ __device__ void step_ple(const PleParams& p, int n_layers, float* red, G g = G()
     }
 }
 
+// The greedy token's two stages as operations of a persistent step (argmax_stage1/2 of
+// sample.cu), run by NT threads as the group `g` (the block, or the streamed step's consumer
+// warps). Stage 1 softcaps the logits in place and leaves each of `m.blocks` virtual blocks'
+// best (value, index); stage 2, on block 0, reduces them and writes the token.
+template <int NT, class G = BlockThreads>
+__device__ void step_argmax1(const ArgmaxParams& m, G g = G()) {
+    for (int b = blockIdx.x; b < m.blocks; b += gridDim.x) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = b * NT + threadIdx.x; i < m.n; i += m.blocks * NT) {
+            float v = m.logits[i];
+            if (m.softcap > 0.f) {
+                v = m.softcap * tanhf(v / m.softcap);
+                m.logits[i] = v;
+            }
+            better(bv, bi, v, i);
+        }
+        block_argmax(bv, bi, g);
+        if (threadIdx.x == 0) {
+            m.blk_val[b] = bv;
+            m.blk_idx[b] = bi;
+        }
+        g.sync();
+    }
+}
+template <int NT, class G = BlockThreads>
+__device__ void step_argmax2(const ArgmaxParams& m, G g = G()) {
+    if (blockIdx.x == 0) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < m.blocks; i += NT) better(bv, bi, m.blk_val[i], m.blk_idx[i]);
+        block_argmax(bv, bi, g);
+        if (threadIdx.x == 0) {
+            const int tok = bi == 0x7fffffff ? 0 : bi;
+            *m.out_tok = tok;
+            m.step_io[0] = tok;
+            m.step_io[1] += 1;
+        }
+    }
+}
+
 template <int S>
 __device__ void step_body(const StepParams& P) {
     extern __shared__ __align__(16) float step_smem[];
@@ -300,38 +341,9 @@ __device__ void step_body(const StepParams& P) {
             // ld = the projection's rows = n_layers * dim.
             step_ple(op.p, op.p.ld / op.p.dim, red);
         } else if (kind == STEP_ARGMAX1) {
-            for (int b = blockIdx.x; b < op.m.blocks; b += gridDim.x) {
-                float bv = -INFINITY;
-                int bi = 0x7fffffff;
-                for (int i = b * STEP_THREADS + threadIdx.x; i < op.m.n; i += op.m.blocks * STEP_THREADS) {
-                    float v = op.m.logits[i];
-                    if (op.m.softcap > 0.f) {
-                        v = op.m.softcap * tanhf(v / op.m.softcap);
-                        op.m.logits[i] = v;
-                    }
-                    better(bv, bi, v, i);
-                }
-                block_argmax(bv, bi);
-                if (threadIdx.x == 0) {
-                    op.m.blk_val[b] = bv;
-                    op.m.blk_idx[b] = bi;
-                }
-                __syncthreads();
-            }
+            step_argmax1<STEP_THREADS>(op.m);
         } else if (kind == STEP_ARGMAX2) {
-            if (blockIdx.x == 0) {
-                float bv = -INFINITY;
-                int bi = 0x7fffffff;
-                for (int i = threadIdx.x; i < op.m.blocks; i += STEP_THREADS)
-                    better(bv, bi, op.m.blk_val[i], op.m.blk_idx[i]);
-                block_argmax(bv, bi);
-                if (threadIdx.x == 0) {
-                    const int tok = bi == 0x7fffffff ? 0 : bi;
-                    *op.m.out_tok = tok;
-                    op.m.step_io[0] = tok;
-                    op.m.step_io[1] += 1;
-                }
-            }
+            step_argmax2<STEP_THREADS>(op.m);
         }
         stamp_at(stamps, 4);
     }

@@ -432,37 +432,9 @@ __device__ void stream_body(const StreamParams& P) {
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
-            for (int b = blockIdx.x; b < op.m.blocks; b += nsm) {
-                float bv = -INFINITY;
-                int bi = 0x7fffffff;
-                for (int i = b * SS_NW * 32 + tid; i < op.m.n; i += op.m.blocks * SS_NW * 32) {
-                    float v = op.m.logits[i];
-                    if (op.m.softcap > 0.f) {
-                        v = op.m.softcap * tanhf(v / op.m.softcap);
-                        op.m.logits[i] = v;
-                    }
-                    better(bv, bi, v, i);
-                }
-                block_argmax(bv, bi, ct);
-                if (tid == 0) {
-                    op.m.blk_val[b] = bv;
-                    op.m.blk_idx[b] = bi;
-                }
-                ct.sync();
-            }
+            step_argmax1<SS_NW * 32>(op.m, ct);
         } else if (kind == STEP_ARGMAX2) {
-            if (blockIdx.x == 0) {
-                float bv = -INFINITY;
-                int bi = 0x7fffffff;
-                for (int i = tid; i < op.m.blocks; i += SS_NW * 32) better(bv, bi, op.m.blk_val[i], op.m.blk_idx[i]);
-                block_argmax(bv, bi, ct);
-                if (tid == 0) {
-                    const int tok = bi == 0x7fffffff ? 0 : bi;
-                    *op.m.out_tok = tok;
-                    op.m.step_io[0] = tok;
-                    op.m.step_io[1] += 1;
-                }
-            }
+            step_argmax2<SS_NW * 32>(op.m, ct);
         }
         // The barrier orders every consumer's writes before thread 0's release (cumulative).
         ct.sync();
