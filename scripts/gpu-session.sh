@@ -14,8 +14,8 @@
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
-#         ~1 min); pending-stream: the engine's streamed step (gpu_check stream-gemma3, stream,
-#         bench-stream against bench; ~4 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         ~1 min); pending-stream: the engine's streamed step (gpu_check stream-gemma3, stream-ops,
+#         stream, bench-stream against bench, single; ~6 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -95,6 +95,8 @@ run() {
     # Carry target/release/examples/gpu_check (scripts/gpu-session.sh prepare builds it).
     stage "streamed step"
     timeout 60 "$C" stream-gemma3 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"
+    # Where the two paths part on it, operation by operation (op_outputs_compare).
+    timeout 120 "$C" stream-ops 2>&1 | grep -vE "^build|^gpu:" | tee -a "$out/session.log"
     timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL|INFO" | tee -a "$out/session.log"
     timeout 120 "$C" bench-stream bench 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     # The single-kernel step's argmax moved into functions shared with the streamed step (its

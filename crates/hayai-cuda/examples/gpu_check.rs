@@ -218,6 +218,36 @@ fn main() {
         let (ok, line) = parity_verdict(parity(&m, &o, &p, 300), 1e-4, "streamed ".into());
         check("small-gemma3", ok, line);
     }
+    if want("stream-ops") {
+        // One decode step operation by operation, the launch plan's W4A8 against the streamed
+        // step on the small Gemma 3 (vocabulary 1,024): from an empty cache and after 31 tokens.
+        // The first operation whose output moves is where the two paths part.
+        let mut spec = small_spec(Arch::Gemma3);
+        spec.vocab = 1024;
+        let m = random_model(&spec, 2);
+        let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        let a = CudaOptions {
+            int8_activations: true,
+            ..opts(Quant::Int4, false)
+        };
+        let b = CudaOptions {
+            streamed_step: true,
+            ..opts(Quant::Int4, false)
+        };
+        for (prompt, token) in [(&p[..0], p[0]), (&p[..31], p[31])] {
+            match hayai_cuda::check::op_outputs_compare(&m, &a, &b, prompt, token) {
+                Ok(rows) => {
+                    println!("after {} tokens: operation, rel L2 streamed vs launch plan, max |launch plan|", prompt.len());
+                    for (i, (label, rel, max)) in rows.iter().enumerate() {
+                        if i < 12 || *rel > 1e-6 {
+                            println!("  {i:3} {label:16} {rel:.2e} {max:.3e}");
+                        }
+                    }
+                }
+                Err(e) => check("small-gemma3", false, format!("operation outputs: {e}")),
+            }
+        }
+    }
     if want("stream") {
         // The streamed step (W4A8) against the CPU reference that rounds its matrix inputs the
         // same way (MatmulInputs::Int8 { group: 128 }); its K splits are the stream layout's, so

@@ -425,3 +425,54 @@ pub fn graph_matches_eager(
     };
     same_results(model, &graph, &eager, prompt, 0)
 }
+
+/// One decode step's operations on two configurations of the same model, after both have taken
+/// `prompt` the normal way (empty: the step starts from an empty cache): per operation, its
+/// label, the rel L2 of `b`'s output from `a`'s and the largest |a| (`CudaRunner::op_outputs`).
+/// The first operation that moves localizes a difference between two decode paths.
+pub fn op_outputs_compare(
+    model: &Model,
+    a: &CudaOptions,
+    b: &CudaOptions,
+    prompt: &[u32],
+    token: u32,
+) -> Result<Vec<(&'static str, f64, f32)>, CudaError> {
+    let run = |o: &CudaOptions| -> Result<Vec<(&'static str, Vec<f32>)>, CudaError> {
+        let mut r = CudaRunner::new(
+            Arc::new(model.clone()),
+            CudaOptions {
+                max_context: Some(prompt.len() + 2),
+                batched_prefill: false,
+                ..o.clone()
+            },
+        )?;
+        if !prompt.is_empty() {
+            r.forward(prompt, Rows::Last, &mut |_, _| {})?;
+        }
+        r.op_outputs(token)
+    };
+    let (oa, ob) = (run(a)?, run(b)?);
+    if oa.len() != ob.len() || oa.iter().zip(&ob).any(|(x, y)| x.0 != y.0) {
+        return Err(CudaError::Unsupported(
+            "operation outputs: the two plans' operations differ".into(),
+        ));
+    }
+    Ok(oa
+        .iter()
+        .zip(&ob)
+        .map(|((label, va), (_, vb))| {
+            let (mut num, mut den, mut max) = (0f64, 0f64, 0f32);
+            for (&x, &y) in va.iter().zip(vb) {
+                num += ((y - x) as f64).powi(2);
+                den += (x as f64).powi(2);
+                max = max.max(x.abs());
+            }
+            let rel = if va.len() != vb.len() {
+                f64::INFINITY
+            } else {
+                (num / den.max(f64::MIN_POSITIVE)).sqrt()
+            };
+            (*label, rel, max)
+        })
+        .collect())
+}

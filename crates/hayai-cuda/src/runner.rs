@@ -319,6 +319,8 @@ pub struct CudaRunner {
     step_kernel: Option<StepConfig>,
     /// The step runs as the streamed step (kernels/stream_step.cu).
     streamed: bool,
+    /// Its recorded operations, for `op_outputs`.
+    stream_debug: Option<stream::StreamDebug>,
     /// Its launch with timing on, the operations' labels and the timing buffer ([ops][2] u64).
     step_profile: Option<(Launch, Vec<&'static str>, u64)>,
     /// Resident GEMV blocks per SM by dynamic shared memory size (persistent grid sizing).
@@ -584,6 +586,7 @@ impl CudaRunner {
                 && !opts.tensor_core_ring,
             step_kernel: None,
             streamed: false,
+            stream_debug: None,
             step_profile: None,
             step_bufs: Vec::new(),
             gemv_occupancy: Default::default(),

@@ -125,9 +125,132 @@ impl CudaRunner {
         });
         let labels = self.plan.iter().map(|l| l.label).collect();
         self.step_profile = Some((profiled, labels, timing.ptr()));
+        self.stream_debug = Some(StreamDebug {
+            ops: self.plan.clone(),
+            params: p,
+            launch: l.clone(),
+        });
         self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
         Ok(l)
     }
+
+    /// One decode step for `token`, operation by operation, and what each operation leaves for
+    /// its consumers (labels in plan order): the launch plan's launches run one at a time; the
+    /// streamed step launched once per operation k with every counter reset and only its first
+    /// k + 1 operations (the earlier ones rerun, deterministically: the KV entry they append is
+    /// rewritten with the same values). K-slice partials are added and the streamed gate/up's
+    /// GeGLU applied on the host, so both paths' vectors compare directly. For checks: the
+    /// streamed step runs O(operations^2) operations.
+    pub fn op_outputs(&mut self, token: u32) -> Result<Vec<(&'static str, Vec<f32>)>, CudaError> {
+        self.gpu.bind()?;
+        hayai_model::runner::check_feed(&self.info, self.len, &[token])?;
+        self.graph = None;
+        let io = [token as i32, self.len as i32];
+        self.gpu.write(self.scratch.step_io.ptr(), &io)?;
+        let mut out = Vec::new();
+        if let Some(d) = &self.stream_debug {
+            let n = d.ops.len();
+            for (k, op) in d.ops.iter().enumerate() {
+                self.gpu.write(d.params.done, &vec![0u32; n])?;
+                let mut l = d.launch.clone();
+                write_param(
+                    &mut l.params,
+                    0,
+                    &StreamParams {
+                        n_ops: k as i32 + 1,
+                        ..d.params
+                    },
+                );
+                l.run(&self.gpu)?;
+                self.gpu.sync()?;
+                out.push((op.label, self.op_output(op, true)?));
+            }
+        } else if self.step_kernel.is_none() {
+            for l in &self.plan {
+                l.run(&self.gpu)?;
+                self.gpu.sync()?;
+                out.push((l.label, self.op_output(l, false)?));
+            }
+        } else {
+            return Err(CudaError::Unsupported(
+                "operation outputs: not for the single-kernel step".into(),
+            ));
+        }
+        self.len += 1;
+        self.dev_io = None;
+        Ok(out)
+    }
+
+    /// The vector a recorded launch leaves for its consumers (see `op_outputs`); `partials`:
+    /// a GEMV's output as the step kernels leave it, `[splits][rows]`, GeGLU not applied.
+    fn op_output(&self, l: &Launch, partials: bool) -> Result<Vec<f32>, CudaError> {
+        let read = |ptr: u64, n: usize| -> Result<Vec<f32>, CudaError> {
+            let mut v = vec![0f32; n];
+            self.gpu.read(ptr, &mut v)?;
+            Ok(v)
+        };
+        let k = l.kernel;
+        if k.starts_with("gemv") {
+            let g: GemvParams = read_params(&l.params);
+            let rows = g.rows as usize;
+            if partials {
+                let all = read(g.out, rows * g.splits as usize)?;
+                let mut v = all[..rows].to_vec();
+                for s in 1..g.splits as usize {
+                    for (a, b) in v.iter_mut().zip(&all[s * rows..(s + 1) * rows]) {
+                        *a += b;
+                    }
+                }
+                if l.label == "gemv.gate_up" {
+                    let gelu = |x: f32| {
+                        0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+                    };
+                    v = v.chunks(2).map(|p| gelu(p[0]) * p[1]).collect();
+                }
+                Ok(v)
+            } else {
+                let n = if g.glu != 0 { rows / 2 } else { rows };
+                read(if g.splits > 1 { g.out_final } else { g.out }, n)
+            }
+        } else if k.starts_with("attn") {
+            let a: AttnParams = read_params(&l.params);
+            read(a.out, (a.nh * a.hd) as usize)
+        } else if k == "ple_combine" {
+            let p: PleParams = read_params(&l.params);
+            read(p.out, p.ld as usize)
+        } else if k == "argmax_stage1" {
+            let m: ArgmaxParams = read_params(&l.params);
+            read(m.logits, m.n as usize)
+        } else if k == "argmax_stage2" {
+            let m: ArgmaxParams = read_params(&l.params);
+            let mut t = [0i32; 1];
+            self.gpu.read(m.out_tok, &mut t)?;
+            Ok(vec![t[0] as f32])
+        } else {
+            Err(CudaError::Unsupported(format!(
+                "operation outputs: no reader for kernel {k}"
+            )))
+        }
+    }
+}
+
+/// What `op_outputs` needs of the streamed step: the recorded operations, the launch and its
+/// parameters.
+pub(crate) struct StreamDebug {
+    ops: Vec<Launch>,
+    params: StreamParams,
+    launch: Launch,
+}
+
+/// A kernel's parameter struct back from its recorded words.
+fn read_params<T: Copy + Default>(words: &[u64]) -> T {
+    let mut v = T::default();
+    let n = std::mem::size_of::<T>().min(words.len() * 8);
+    // SAFETY: T is plain data (a mirrored kernel parameter struct); at most its size is copied.
+    unsafe {
+        std::ptr::copy_nonoverlapping(words.as_ptr() as *const u8, &mut v as *mut T as *mut u8, n);
+    }
+    v
 }
 
 /// The plan's launches `(kernel, label, parameters)` as the streamed step's operation records
