@@ -70,6 +70,19 @@ fn small_models(len: usize) -> Vec<(&'static str, hayai_model::Model, Vec<u32>)>
     .collect()
 }
 
+/// A small model the streamed step can run (its cells are whole 16-row tiles: a vocabulary of
+/// 1,024 instead of 1,000) and a 32-token prompt.
+fn stream_model(arch: Arch, seed: u64) -> (hayai_model::Model, Vec<u32>) {
+    let mut spec = small_spec(arch);
+    spec.vocab = 1024;
+    if let Some(p) = spec.ple.as_mut() {
+        p.vocab = 1024;
+    }
+    let m = random_model(&spec, seed);
+    let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+    (m, p)
+}
+
 /// (passed, line) of a parity run: logits within `tol` (rel L2) of the CPU reference and every
 /// greedy token identical, or with int8 activations within what rounding flips do by themselves
 /// (`ParityReport::agrees`).
@@ -206,10 +219,7 @@ fn main() {
     if want("stream-gemma3") {
         // The streamed step on the small Gemma 3 alone (vocabulary 1,024), graph replay: the
         // model where it sat 9.8e-4 from its twin (docs/performance.md, eleventh session).
-        let mut spec = small_spec(Arch::Gemma3);
-        spec.vocab = 1024;
-        let m = random_model(&spec, 2);
-        let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        let (m, p) = stream_model(Arch::Gemma3, 2);
         let o = CudaOptions {
             streamed_step: true,
             batched_prefill: false,
@@ -222,10 +232,7 @@ fn main() {
         // One decode step operation by operation, the launch plan's W4A8 against the streamed
         // step on the small Gemma 3 (vocabulary 1,024): from an empty cache and after 31 tokens.
         // The first operation whose output moves is where the two paths part.
-        let mut spec = small_spec(Arch::Gemma3);
-        spec.vocab = 1024;
-        let m = random_model(&spec, 2);
-        let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+        let (m, p) = stream_model(Arch::Gemma3, 2);
         let a = CudaOptions {
             int8_activations: true,
             ..opts(Quant::Int4, false)
@@ -257,13 +264,7 @@ fn main() {
             ("small-gemma4", Arch::Gemma4, 1),
             ("small-gemma3", Arch::Gemma3, 2),
         ] {
-            let mut spec = small_spec(arch);
-            spec.vocab = 1024;
-            if let Some(p) = spec.ple.as_mut() {
-                p.vocab = 1024;
-            }
-            let m = random_model(&spec, seed);
-            let p = hayai_cuda::bench::bench_prompt(32, m.spec.vocab);
+            let (m, p) = stream_model(arch, seed);
             // The launch plan's W4A8 on the same model: how far the same arithmetic in
             // another summation order sits from the reference (int8 rounding flips).
             let o = CudaOptions {
