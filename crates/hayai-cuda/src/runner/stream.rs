@@ -191,7 +191,7 @@ impl CudaRunner {
         };
         let k = l.kernel;
         if k.starts_with("gemv") {
-            let g: GemvParams = read_params(&l.params);
+            let g: GemvParams = read_param(&l.params, 0);
             let rows = g.rows as usize;
             if partials {
                 let all = read(g.out, rows * g.splits as usize)?;
@@ -213,16 +213,16 @@ impl CudaRunner {
                 read(if g.splits > 1 { g.out_final } else { g.out }, n)
             }
         } else if k.starts_with("attn") {
-            let a: AttnParams = read_params(&l.params);
+            let a: AttnParams = read_param(&l.params, 0);
             read(a.out, (a.nh * a.hd) as usize)
         } else if k == "ple_combine" {
-            let p: PleParams = read_params(&l.params);
+            let p: PleParams = read_param(&l.params, 0);
             read(p.out, p.ld as usize)
         } else if k == "argmax_stage1" {
-            let m: ArgmaxParams = read_params(&l.params);
+            let m: ArgmaxParams = read_param(&l.params, 0);
             read(m.logits, m.n as usize)
         } else if k == "argmax_stage2" {
-            let m: ArgmaxParams = read_params(&l.params);
+            let m: ArgmaxParams = read_param(&l.params, 0);
             let mut t = [0i32; 1];
             self.gpu.read(m.out_tok, &mut t)?;
             Ok(vec![t[0] as f32])
@@ -240,17 +240,6 @@ pub(crate) struct StreamDebug {
     ops: Vec<Launch>,
     params: StreamParams,
     launch: Launch,
-}
-
-/// A kernel's parameter struct back from its recorded words.
-fn read_params<T: Copy + Default>(words: &[u64]) -> T {
-    let mut v = T::default();
-    let n = std::mem::size_of::<T>().min(words.len() * 8);
-    // SAFETY: T is plain data (a mirrored kernel parameter struct); at most its size is copied.
-    unsafe {
-        std::ptr::copy_nonoverlapping(words.as_ptr() as *const u8, &mut v as *mut T as *mut u8, n);
-    }
-    v
 }
 
 /// The plan's launches `(kernel, label, parameters)` as the streamed step's operation records
