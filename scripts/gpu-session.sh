@@ -90,8 +90,10 @@ run() {
   fi
   if has pending-stream; then
     # The engine's streamed step (docs/performance.md, eleventh session): the small Gemma 3 first
-    # (9.8e-4 from its twin before the cells' scale product followed gemv_mma_a8's order, a change
-    # not yet run), then every parity check and the E4B benchmark with its per-operation profile.
+    # (9.8e-4 from its twin, failed under the one-pattern rounding floor, within the four-pattern
+    # one; the cells' scale product now in gemv_mma_a8's order: not yet run), where it parts from
+    # the launch plan operation by operation, then every parity check and the E4B benchmark with
+    # its per-operation profile.
     # Carry target/release/examples/gpu_check (scripts/gpu-session.sh prepare builds it).
     stage "streamed step"
     timeout 60 "$C" stream-gemma3 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"

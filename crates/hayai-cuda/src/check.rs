@@ -362,9 +362,15 @@ pub fn parity(
     Ok(r)
 }
 
+/// Nudge patterns `int8_rounding_floor` takes the largest effect of.
+pub const NUDGE_PATTERNS: u64 = 4;
+
 /// How far one-ulp differences in every matrix input move `model` through int8 activation
 /// rounding (per `group` columns), on the CPU alone: (rel L2, argmax mismatches) of the prompt
-/// logits with the inputs nudged against without.
+/// logits with the inputs nudged against without, the largest over [`NUDGE_PATTERNS`] patterns
+/// of up/down nudges. One pattern is a poor estimate: whether a rounding flips at all is chance,
+/// and one flip moves a small model's logits by ~1e-3 (measured on the small Gemma 3 of the
+/// streamed-step checks: 1.8e-7 with the first pattern, 3.5e-3 to 1.1e-2 with seven others).
 pub fn int8_rounding_floor(
     model: Arc<Model>,
     prompt: &[u32],
@@ -372,11 +378,15 @@ pub fn int8_rounding_floor(
 ) -> Result<(f64, usize), CudaError> {
     let mut a = CpuRunner::new(model.clone())?;
     a.set_matmul_inputs(MatmulInputs::Int8 { group });
-    let mut b = CpuRunner::new(model)?;
-    b.set_matmul_inputs(MatmulInputs::Int8Nudged { group });
-    let (la, lb) = (all_logits(&mut a, prompt)?, all_logits(&mut b, prompt)?);
-    let (_, _, rel, mism) = compare_rows(&lb, &la);
-    Ok((rel, mism))
+    let la = all_logits(&mut a, prompt)?;
+    let mut floor = (0f64, 0usize);
+    for seed in 0..NUDGE_PATTERNS {
+        let mut b = CpuRunner::new(model.clone())?;
+        b.set_matmul_inputs(MatmulInputs::Int8Nudged { group, seed });
+        let (_, _, rel, mism) = compare_rows(&all_logits(&mut b, prompt)?, &la);
+        floor = (floor.0.max(rel), floor.1.max(mism));
+    }
+    Ok(floor)
 }
 
 /// Two decode configurations that must compute the same arithmetic (e.g. `fuse_ple`,

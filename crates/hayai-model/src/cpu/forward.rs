@@ -53,9 +53,10 @@ pub enum MatmulInputs {
     /// against.
     Int8 { group: usize },
     /// As `Int8`, with every input first moved one unit in the last place, up or down by a hash
-    /// of its index: how far last-bit differences before the rounding (a GPU's summation order)
-    /// move the model through int8 rounding flips. For checks only.
-    Int8Nudged { group: usize },
+    /// of its index and `seed` (one pattern of nudges per seed): how far last-bit differences
+    /// before the rounding (a GPU's summation order) move the model through int8 rounding flips.
+    /// For checks only.
+    Int8Nudged { group: usize, seed: u64 },
 }
 
 impl MatmulInputs {
@@ -90,13 +91,15 @@ fn int8_rows(mut xs: Vec<f32>, cols: usize, group: usize) -> Vec<f32> {
     xs
 }
 
-/// `v` moved one unit in the last place, away from or towards zero by a hash of `i` (zero and
-/// non-finite values unchanged).
-fn nudge(v: f32, i: usize) -> f32 {
+/// `v` moved one unit in the last place, away from or towards zero by a hash of `i` and `seed`
+/// (zero and non-finite values unchanged).
+fn nudge(v: f32, i: usize, seed: u64) -> f32 {
     if v == 0.0 || !v.is_finite() {
         return v;
     }
-    let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63;
+    let h = ((i as u64) ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93))
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        >> 63;
     f32::from_bits(if h == 1 {
         v.to_bits() + 1
     } else {
@@ -110,8 +113,12 @@ fn rounded(xs: &[f32], cols: usize, inputs: MatmulInputs) -> Cow<'_, [f32]> {
     match inputs {
         MatmulInputs::F32 => Cow::Borrowed(xs),
         MatmulInputs::Int8 { group } => Cow::Owned(int8_rows(xs.to_vec(), cols, group)),
-        MatmulInputs::Int8Nudged { group } => {
-            let nudged = xs.iter().enumerate().map(|(i, &v)| nudge(v, i)).collect();
+        MatmulInputs::Int8Nudged { group, seed } => {
+            let nudged = xs
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| nudge(v, i, seed))
+                .collect();
             Cow::Owned(int8_rows(nudged, cols, group))
         }
         _ => Cow::Owned(xs.par_iter().map(|&v| inputs.apply(v)).collect()),
@@ -437,7 +444,7 @@ mod tests {
         let xs: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.37).collect();
         let mut up = 0;
         for (i, &v) in xs.iter().enumerate() {
-            let n = nudge(v, i);
+            let n = nudge(v, i, 0);
             if v == 0.0 {
                 assert_eq!(n, 0.0);
                 continue;
@@ -447,13 +454,27 @@ mod tests {
             up += (n.abs() > v.abs()) as usize;
         }
         assert!(up > 10 && up < 53, "both directions occur: {up} of 63 up");
+        // Another seed is another pattern: each input still one ulp away, other directions.
+        let differ = xs
+            .iter()
+            .enumerate()
+            .filter(|&(i, &v)| v != 0.0 && nudge(v, i, 1) != nudge(v, i, 0))
+            .count();
+        assert!(
+            differ > 10 && differ < 53,
+            "{differ} of 63 directions differ"
+        );
+        assert!(xs
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| (nudge(v, i, 7).to_bits() as i64 - v.to_bits() as i64).abs() <= 1));
         // Exactly at a rounding boundary (x * 127 / max = 0.5), the nudge decides the rounding:
         // index 0 moves down, so 0.5 rounds to 0 instead of 1; elsewhere the two agree (to the
         // ulp by which the group's scale moves too).
-        assert!(nudge(0.5, 0) < 0.5);
+        assert!(nudge(0.5, 0, 0) < 0.5);
         let xs = [0.5f32, 127.0, 3.0, 4.0];
         let a = rounded(&xs, 4, MatmulInputs::Int8 { group: 4 });
-        let b = rounded(&xs, 4, MatmulInputs::Int8Nudged { group: 4 });
+        let b = rounded(&xs, 4, MatmulInputs::Int8Nudged { group: 4, seed: 0 });
         assert_eq!((a[0], b[0]), (1.0, 0.0));
         for i in 1..4 {
             assert!(
