@@ -464,8 +464,8 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
-// x starts 16 bytes past the dynamic shared memory's start (the host sizes it with
-// GEMV_XS_OFFSET): the start is 128-byte aligned for gemv_mma's sake (gemv_mma.cu), and this
+// x starts 16 bytes past the dynamic shared memory's start (the host asks for that much more:
+// GEMV_XS_OFFSET_BYTES, runner/shapes.rs): the start is 128-byte aligned for gemv_mma's sake (gemv_mma.cu), and this
 // kernel measured 3.3% slower (bf16 E4B, 227.7 -> 220.2 tok/s) with x there than at its former
 // 16-byte-aligned offset; the mechanism is not established.
 #define GEMV_XS_OFFSET 4

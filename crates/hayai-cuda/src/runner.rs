@@ -497,8 +497,7 @@ impl CudaRunner {
             .max()
             .unwrap_or(0);
         // Norms (and so the prologue's constants) only ever sit on hidden-width inputs.
-        // + 16: `gemv` reads x from 16 bytes past the start (kernels/gemv.cu GEMV_XS_OFFSET).
-        let smem = (max_cols * 4).max(gemv_smem(h, false, true)) + 16;
+        let smem = (max_cols * 4).max(gemv_smem(h, false, true)) + GEMV_XS_OFFSET_BYTES;
         if smem > 48 * 1024 - 256 {
             if smem + 256 > gpu.max_smem_optin()? {
                 return Err(CudaError::Unsupported(format!(

@@ -132,8 +132,10 @@ pub(crate) const STEP_OP_BYTES: usize = 256;
 /// Threads, warps and 16-byte chunks per lane and ring stage of the single-kernel step.
 pub(crate) const STEP_WARPS: usize = 8;
 pub(crate) const STEP_U: usize = 4;
-/// Shared memory of two attention items (kernels/attention.cu `AttnSmem`, 7,072 bytes each).
-pub(crate) const STEP_ATTN_FLOATS: usize = 2 * 7072 / 4;
+/// Shared memory of one attention item (kernels/attention.cu `AttnSmem`).
+pub(crate) const ATTN_SMEM_BYTES: usize = 7072;
+/// ... of the single-kernel step's two attention items per block.
+pub(crate) const STEP_ATTN_FLOATS: usize = 2 * ATTN_SMEM_BYTES / 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

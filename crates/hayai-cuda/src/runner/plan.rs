@@ -145,8 +145,11 @@ impl CudaRunner {
             let a8 = self.int8_act && m.int4;
             let norms = p.res_in != 0 || p.norm_w != 0;
             let kernel = if a8 { "gemv_a8" } else { self.tiled_gemv };
-            // `gemv` reads x from 16 bytes past the start (kernels/gemv.cu GEMV_XS_OFFSET).
-            let offset = if kernel == "gemv" { 16 } else { 0 };
+            let offset = if kernel == "gemv" {
+                GEMV_XS_OFFSET_BYTES
+            } else {
+                0
+            };
             Launch::new(
                 &self.gpu,
                 label,

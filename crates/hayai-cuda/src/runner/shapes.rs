@@ -38,6 +38,10 @@ pub(crate) fn ring_splits(tiles: usize, units: usize, resident: usize) -> usize 
 /// Dynamic shared memory of the tiled GEMVs (kernels/gemv.cu `gemv_cst_offset`): x (for
 /// `gemv_a8` also its int8 copy, 16-byte aligned), then with `norms` (a residual or input norm
 /// in the prologue) three more vectors: the residual input and both norm weights.
+/// Bytes `gemv` leaves free at the start of its dynamic shared memory (kernels/gemv.cu
+/// `GEMV_XS_OFFSET` floats): its launches ask for this much more.
+pub(crate) const GEMV_XS_OFFSET_BYTES: usize = 16;
+
 pub(crate) fn gemv_smem(cols: usize, a8: bool, norms: bool) -> usize {
     let base = if a8 {
         gemv_a8_smem(cols).next_multiple_of(16)

@@ -34,8 +34,8 @@ impl CudaRunner {
                 )));
             }
         }
-        // Three attention items of 7,072 bytes each (kernels/attention.cu `AttnSmem`).
-        let x_floats = max_cols.max(3 * 7072 / 4).next_multiple_of(4);
+        // Three attention items' scratch (one per 128-thread group).
+        let x_floats = max_cols.max(3 * ATTN_SMEM_BYTES / 4).next_multiple_of(4);
         let optin = self.gpu.max_smem_optin()?;
         let (nch, kernel) = RINGS
             .iter()
@@ -144,7 +144,6 @@ impl CudaRunner {
     pub fn op_outputs(&mut self, token: u32) -> Result<Vec<(&'static str, Vec<f32>)>, CudaError> {
         self.gpu.bind()?;
         hayai_model::runner::check_feed(&self.info, self.len, &[token])?;
-        self.graph = None;
         let io = [token as i32, self.len as i32];
         self.gpu.write(self.scratch.step_io.ptr(), &io)?;
         let mut out = Vec::new();
@@ -202,9 +201,7 @@ impl CudaRunner {
                     }
                 }
                 if l.label == "gemv.gate_up" {
-                    let gelu = |x: f32| {
-                        0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
-                    };
+                    let gelu = hayai_model::cpu::ops::gelu_tanh;
                     v = v.chunks(2).map(|p| gelu(p[0]) * p[1]).collect();
                 }
                 Ok(v)
