@@ -14,8 +14,8 @@
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
-#         ~1 min); pending-stream: the engine's streamed step (gpu_check stream-gemma3, stream-ops,
-#         stream, bench-stream against bench, single; ~6 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         ~1 min); pending-stream: the engine's streamed step (gpu_check stream, the same with one
+#         key row per attention tile, stream-ops, bench-stream / bench / bench-stream; ~8 min); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -89,21 +89,22 @@ run() {
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
   fi
   if has pending-stream; then
-    # The engine's streamed step (docs/performance.md, eleventh session): the small Gemma 3 first
-    # (9.8e-4 from its twin, failed under the one-pattern rounding floor, within the four-pattern
-    # one; the cells' scale product now in gemv_mma_a8's order: not yet run), where it parts from
-    # the launch plan operation by operation, then every parity check and the E4B benchmark with
-    # its per-operation profile.
+    # The engine's streamed step (docs/performance.md, twelfth session): parity on the small
+    # models and E4B shapes, again with one key row per attention tile (HAYAI_STREAM_ATTN_TK=1:
+    # the several-tile and several-ranges-per-SM paths on short contexts), where it parts from
+    # the launch plan operation by operation, and the E4B benchmark with its per-operation
+    # profile against the default's, A/B/A.
     # Carry target/release/examples/gpu_check (scripts/gpu-session.sh prepare builds it).
     stage "streamed step"
-    timeout 60 "$C" stream-gemma3 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"
-    # Where the two paths part on it, operation by operation (op_outputs_compare).
-    timeout 120 "$C" stream-ops 2>&1 | grep -vE "^build|^gpu:" | tee -a "$out/session.log"
     timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL|INFO" | tee -a "$out/session.log"
-    timeout 120 "$C" bench-stream bench 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
-    # The single-kernel step's argmax moved into functions shared with the streamed step (its
-    # SASS changed by the move, not run since).
-    timeout 200 "$C" single 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"
+    HAYAI_STREAM_ATTN_TK=1 timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/TK=1 /' | tee -a "$out/session.log"
+    timeout 120 "$C" stream-ops 2>&1 | grep -vE "^build|^gpu:" | tee -a "$out/session.log"
+    # (gpu_check runs its stages once each, in its own order: `bench` is the persistent and the
+    # default launch plans, so the streamed runs come from separate calls around it.)
+    local b
+    for b in bench-stream bench bench-stream; do
+      timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
+    done
   fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"

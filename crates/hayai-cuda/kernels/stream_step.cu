@@ -4,8 +4,9 @@
 // at load (src/stream_layout.rs: each SM's cells of every GEMV in the order its warps take them).
 // The producer never waits for activations, so an operation's weights are in flight (or landed)
 // while the SM waits for its input; the consumer warps (SS_NW) run the operations of the
-// single-kernel step's list (kernels/step.cu: the same records, prologues, attention, per-layer
-// embedding mix and argmax), an operation starting once every SM has published the one before.
+// single-kernel step's list (kernels/step.cu: the same records, prologues, per-layer embedding
+// mix and argmax; attention its own way, ssa_op below), an operation starting once every SM has
+// published the one before.
 //
 // GEMVs are int4 with int8 activations (W4A8, the CPU twin's MatmulInputs::Int8: x quantized per
 // 128 columns, q = round(x * 127 / max|x|)) on the integer tensor cores: a cell is one 16-row
@@ -25,7 +26,10 @@
 // (proto/stream_step.cu, docs/performance.md, tenth session).
 #include "common.cuh"
 
-#define SS_NW 12                        // consumer warps
+// 11 consumer warps + the producer: 12 warps, 3 per SM sub-partition, so each thread may hold 168
+// registers (13 warps put 4 on one sub-partition: 128, and the kernel spilled; measured: 12
+// consumer warps 355.8 tok/s, 11 425.5, same attention code).
+#define SS_NW 11                        // consumer warps
 #define SS_THREADS ((SS_NW + 1) * 32)   // + the producer warp
 #define SS_CELL_BYTES 1056
 #define SS_CELL_U4 (SS_CELL_BYTES / 16)
@@ -47,14 +51,15 @@ struct StreamParams {
     const unsigned long long* sm_base;  // [SM] first cell of its stream
     const unsigned* sm_cells;       // [SM] cells in its stream
     const SmShare* shares;          // [SM][GEMV]
-    unsigned* done;                 // [n_ops] SMs done with each operation (monotonic over launches)
+    unsigned* done;                 // [2][n_ops] SMs done with each operation, and with their
+                                    // share of an attention's ranges (monotonic over launches)
     // Profiling (null: off): [n_ops][STEP_STAMPS] ns as the single-kernel step's: 0 SM 0 starts
     // the operation (its input ready), 1-2 its GEMV prologue, 3 its inputs quantized, 4 SM 0
     // done, 5 the last SM done.
     unsigned long long* timing;
     int n_ops, n_gemv;
     int x_floats;                   // shared floats of the GEMV input x (or attention scratch)
-    int pad;
+    int attn_tk;                    // > 0: at most this many key rows per attention tile (checks)
 };
 
 static_assert(sizeof(StreamParams) == 72, "StreamParams is mirrored by the host");
@@ -339,17 +344,355 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     R.release_to(base + (unsigned)(nt * gu));
 }
 
-// Attention's (split, head) items over three 128-thread groups, each with its own scratch (as
-// the single-kernel step's; attn_item's MINK = 32, only splits of at least 32 keys, measured no
-// faster: attention 1.00 -> 1.02 ms per step, the step 3.39 -> 3.51 ms).
-__device__ __forceinline__ void ss_attention(const AttnParams& a, float* xs) {
-    const int gi = threadIdx.x >> 7;
-    AttnSmem& as = ((AttnSmem*)xs)[gi];
-    const GroupThreads gt{1 + gi};
-    const int n_items = a.splits * a.nh;
-    for (int it = blockIdx.x * 3 + gi; it < n_items; it += gridDim.x * 3) {
-        gt.sync();  // the group's previous item is done with its shared memory
-        attn_item<GroupThreads, 2, 4>(a, it % a.splits, it / a.splits, as, gt, nullptr);
+// Attention by KV head. An item is one KV head's key range [k0, k1) for all r of its query
+// heads, run by the SM's consumer warps; the range's K and V rows (f32) are
+// copied into shared memory (the GEMV input area, free once this SM's QKV share is done)
+// *before* the wait for the QKV projection, so after the wait the item costs one round trip
+// for its q/k/v inputs and none for its keys (the single-kernel step's items take ~12 dependent
+// global loads, ~24 us per layer in this kernel). Ranges are as long as the staging area holds
+// (`tk` rows; longer ones run in several tiles with an online softmax), so an E4B sliding layer
+// (head dim 256, 512 keys) is ~26 ranges per KV head. The ranges' partials are merged after
+// every SM has stored its own (a counter per operation, `done + n_ops`), each SM merging a
+// slice of the heads' outputs, so no SM reads all of a head's partials. Same arithmetic as
+// attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).
+#define SSA_MAXR 8  // query heads per KV head
+
+struct SsaLayout {
+    int r, hd, tk, S, chunk, n_keys, first, pos;
+    float *q, *o, *kf, *vf, *cs, *m, *l, *corr, *sc, *kt, *vt;
+};
+
+// The operation's split of the keys and its shared-memory layout in `avail` floats at xs:
+// q[r][hd] (normed, rotated), o[r][hd] (p.V accumulators), the fresh k and v, RoPE's cosines and
+// sines at pos, per head m, l and the tile's correction, scores [r][tk], then tk rows of K and
+// of V. `pos` (step_io) was written by the previous step or the host, so this may run before
+// the wait. Mirrored by the host's size check (runner/stream.rs `stream_config`).
+__device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, int avail, int tk_max) {
+    SsaLayout L;
+    L.r = a.nh / a.nkv;
+    L.hd = a.hd;
+    L.pos = *a.pos;
+    L.n_keys = a.window > 0 ? min(L.pos + 1, a.window) : L.pos + 1;
+    L.first = L.pos + 1 - L.n_keys;
+    const int fixed = (2 * L.r + 3) * L.hd + 4 * SSA_MAXR + 4;
+    L.tk = (avail - fixed) / (2 * L.hd + L.r);  // >= 1 (checked by the host: stream_config)
+    if (tk_max > 0) L.tk = min(L.tk, tk_max);
+    const int s0 = min((L.n_keys + L.tk - 1) / L.tk, ATTN_MAX_SPLITS);
+    L.chunk = (L.n_keys + s0 - 1) / s0;
+    L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
+    float* p = xs;
+    L.q = p;
+    p += L.r * L.hd;
+    L.o = p;
+    p += L.r * L.hd;
+    L.kf = p;
+    p += L.hd;
+    L.vf = p;
+    p += L.hd;
+    L.cs = p;
+    p += L.hd;
+    L.m = p;
+    L.l = p + SSA_MAXR;
+    L.corr = p + 2 * SSA_MAXR;
+    p += 4 * SSA_MAXR;
+    L.sc = p;
+    p += (L.r * L.tk + 3) & ~3;
+    L.kt = p;
+    p += L.tk * L.hd;
+    L.vt = p;
+    return L;
+}
+
+// Rows [kb, kb + nr) of KV head g into the tile: phase 0 every row but the newest (written by
+// earlier steps: may be requested before the wait), by cp.async; phase 1 the newest, from the
+// fresh k/v this item computed (own cache) or from the cache its donor wrote in this step.
+__device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh) {
+    const int tid = threadIdx.x, hd = L.hd, c4 = hd >> 2;
+    const float* K = a.k_cache + (size_t)g * a.cap * hd;
+    const float* V = a.v_cache + (size_t)g * a.cap * hd;
+    if (phase == 0) {
+        for (int i = tid; i < nr * 2 * c4; i += SS_NW * 32) {
+            const int row = i / (2 * c4), rem = i - row * 2 * c4;
+            const int kp = L.first + kb + row;
+            if (kp == L.pos) continue;
+            const bool isv = rem >= c4;
+            const int c = isv ? rem - c4 : rem;
+            cp_async16((isv ? L.vt : L.kt) + row * hd + 4 * c, (isv ? V : K) + (size_t)(kp % a.cap) * hd + 4 * c);
+        }
+        cp_async_commit();
+        return;
+    }
+    const int row = L.pos - L.first - kb;
+    if (row < 0 || row >= nr) return;
+    for (int i = tid; i < 2 * c4; i += SS_NW * 32) {
+        const bool isv = i >= c4;
+        const int c = isv ? i - c4 : i;
+        float* dst = (isv ? L.vt : L.kt) + row * hd + 4 * c;
+        if (fresh)
+            *(float4*)dst = *(const float4*)((isv ? L.vf : L.kf) + 4 * c);
+        else
+            cp_async16(dst, (isv ? V : K) + (size_t)(L.pos % a.cap) * hd + 4 * c);
+    }
+    cp_async_commit();
+}
+
+// Before the wait: RoPE's cosines and sines at pos (as norm_rope_heads computes them) and the
+// first item's first tile (everything but the newest row).
+__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max) {
+    const SsaLayout L = ssa_layout(a, xs, avail, tk_max);
+    const int it = blockIdx.x;
+    if (it >= a.nkv * L.S) return;
+    for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
+        sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
+    const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
+    ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false);
+}
+
+// The query heads of KV head g (and, for the item holding the newest key of its own cache, that
+// key and value), one warp per vector: the QKV partials summed, RMS-normed (times the weight),
+// rotated; as norm_rope_heads (the squares summed in another order). A lane holds the pairs
+// (i, i + hd/2) it rotates, every load of a partial issued together with the weights'.
+#define SSA_MAXP 8  // pairs per lane: head dim <= 512
+__device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = L.hd, half = hd >> 1, np = half >> 5;
+    const int jobs = L.r + (fresh ? 2 : 0);
+    for (int jb = warp; jb < jobs; jb += SS_NW) {
+        const float* src;
+        float* dst;
+        const float* w;
+        bool rope = true, norm = true;
+        if (jb < L.r) {
+            src = a.qkv + (size_t)(g * L.r + jb) * hd;
+            dst = L.q + jb * hd;
+            w = a.q_norm;
+        } else if (jb == L.r) {
+            src = a.qkv + (size_t)(a.nh + g) * hd;
+            dst = L.kf;
+            w = a.k_norm;
+        } else {
+            src = a.qkv + (size_t)(a.nh + a.nkv + g) * hd;
+            dst = L.vf;
+            w = nullptr;
+            rope = false;
+            norm = a.v_norm != 0;
+        }
+        float x0[SSA_MAXP], x1[SSA_MAXP];
+#pragma unroll
+        for (int m = 0; m < SSA_MAXP; m++) {
+            if (m < np) {
+                const int i = lane + 32 * m;
+                x0[m] = __ldcg(src + i);
+                x1[m] = __ldcg(src + i + half);
+            }
+        }
+        for (int s = 1; s < a.qkv_splits; s++) {
+            const float* sp = src + (size_t)s * a.qkv_ld;
+#pragma unroll
+            for (int m = 0; m < SSA_MAXP; m++) {
+                if (m < np) {
+                    x0[m] += __ldcg(sp + lane + 32 * m);
+                    x1[m] += __ldcg(sp + lane + 32 * m + half);
+                }
+            }
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < SSA_MAXP; m++)
+            if (m < np) ss += x0[m] * x0[m] + x1[m] * x1[m];
+        ss = warp_sum(ss);
+        const float rs = norm ? rsqrtf(ss / (float)hd + a.eps) : 1.f;
+#pragma unroll
+        for (int m = 0; m < SSA_MAXP; m++) {
+            if (m < np) {
+                const int i = lane + 32 * m;
+                float v0 = x0[m], v1 = x1[m];
+                if (norm) {
+                    v0 *= rs;
+                    v1 *= rs;
+                    if (w) {
+                        v0 *= w[i];
+                        v1 *= w[i + half];
+                    }
+                }
+                if (rope) {
+                    const float cs = L.cs[i], sn = L.cs[half + i];
+                    const float y0 = v0 * cs - v1 * sn;
+                    v1 = v1 * cs + v0 * sn;
+                    v0 = y0;
+                }
+                dst[i] = v0;
+                dst[i + half] = v1;
+            }
+        }
+    }
+}
+
+// One item: KV head g, keys [k0, k1), its first tile already requested when `staged`.
+__device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hd = L.hd, r = L.r;
+    const ConsumerThreads ct;
+    const int g = it / L.S, j = it % L.S;
+    const int k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
+    const bool fresh = a.own_kv && k1 == L.n_keys;  // this item holds the newest key of its own cache
+    if (!staged) ssa_stage(a, L, g, k0, min(L.tk, k1 - k0), 0, false);
+    ssa_inputs(a, L, g, fresh);
+    for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;
+    ct.sync();  // the fresh k/v complete
+    if (fresh) {  // one item per KV head stores the new entry
+        float* K = (float*)a.k_cache + ((size_t)g * a.cap + L.pos % a.cap) * hd;
+        float* V = (float*)a.v_cache + ((size_t)g * a.cap + L.pos % a.cap) * hd;
+        for (int i = tid; i < hd; i += SS_NW * 32) {
+            K[i] = L.kf[i];
+            V[i] = L.vf[i];
+        }
+    }
+    for (int t0 = k0; t0 < k1; t0 += L.tk) {
+        const int nt = min(L.tk, k1 - t0);
+        if (t0 > k0) {
+            ct.sync();  // the previous tile's p.V is done with the rows
+            ssa_stage(a, L, g, t0, nt, 0, false);
+        }
+        ssa_stage(a, L, g, t0, nt, 1, fresh);
+        cp_async_wait<0>();
+        ct.sync();
+        if (t0 == k0 && it == 0) stamp_at(stamps, 6);
+        // Scores: a warp per key, each K row read once for four query heads at a time; per head
+        // as attn_item's (lane float4s 128 apart, then warp_sum).
+        for (int jj = warp; jj < nt; jj += SS_NW) {
+            const float* kr = L.kt + jj * hd;
+            for (int h0 = 0; h0 < r; h0 += 4) {
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int i = 4 * lane; i < hd; i += 128) {
+                    const float4 kv = *(const float4*)(kr + i);
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        if (h0 + u < r) {
+                            const float4 qv = *(const float4*)(L.q + (h0 + u) * hd + i);
+                            d[u] = fmaf(qv.x, kv.x, d[u]);
+                            d[u] = fmaf(qv.y, kv.y, d[u]);
+                            d[u] = fmaf(qv.z, kv.z, d[u]);
+                            d[u] = fmaf(qv.w, kv.w, d[u]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float v = warp_sum(d[u]) * a.scale;
+                    if (a.softcap > 0.f) v = a.softcap * tanhf(v / a.softcap);
+                    if (lane == 0 && h0 + u < r) L.sc[(h0 + u) * L.tk + jj] = v;
+                }
+            }
+        }
+        ct.sync();
+        if (warp < r) {  // online softmax, one warp per head
+            float* sc = L.sc + warp * L.tk;
+            float mx = -INFINITY;
+            for (int i = lane; i < nt; i += 32) mx = fmaxf(mx, sc[i]);
+            mx = warp_max(mx);
+            const float mo = t0 == k0 ? -INFINITY : L.m[warp], mn = fmaxf(mo, mx);
+            float s = 0.f;
+            for (int i = lane; i < nt; i += 32) {
+                const float p = expf(sc[i] - mn);
+                sc[i] = p;
+                s += p;
+            }
+            s = warp_sum(s);
+            if (lane == 0) {
+                const float corr = t0 == k0 ? 0.f : expf(mo - mn);
+                L.l[warp] = (t0 == k0 ? 0.f : L.l[warp] * corr) + s;
+                L.m[warp] = mn;
+                L.corr[warp] = corr;
+            }
+        }
+        ct.sync();
+        if (t0 == k0 && it == 0) stamp_at(stamps, 2);
+        // p.V: a thread per dimension and four heads, each V value read once; per (head,
+        // dimension) the keys in order.
+        for (int i = tid; i < ((r + 3) >> 2) * hd; i += SS_NW * 32) {
+            const int h0 = i / hd * 4, d = i - i / hd * hd;
+            float acc[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) acc[u] = h0 + u < r ? L.o[(h0 + u) * hd + d] * L.corr[h0 + u] : 0.f;
+            for (int jj = 0; jj < nt; jj++) {
+                const float v = L.vt[jj * hd + d];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (h0 + u < r) acc[u] = fmaf(L.sc[(h0 + u) * L.tk + jj], v, acc[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (h0 + u < r) L.o[(h0 + u) * hd + d] = acc[u];
+        }
+    }
+    ct.sync();
+    for (int i = tid; i < r * hd; i += SS_NW * 32) {
+        const int hl = i / hd, d = i - hl * hd;
+        a.part_acc[((size_t)(g * r + hl) * ATTN_MAX_SPLITS + j) * hd + d] = L.o[i];
+    }
+    if (tid < r) {
+        const size_t pi = (size_t)(g * r + tid) * ATTN_MAX_SPLITS + j;
+        a.part_ml[2 * pi] = L.m[tid];
+        a.part_ml[2 * pi + 1] = L.l[tid];
+    }
+    ct.sync();  // the area is free for the next item
+}
+
+// The whole operation on this SM (the first item's first tile requested by ssa_prestage).
+// Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
+// items done, 7 every SM's.
+__device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, unsigned* adone,
+                       unsigned target, unsigned long long* stamps) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const ConsumerThreads ct;
+    const SsaLayout L = ssa_layout(a, xs, avail, tk_max);
+    const int items = a.nkv * L.S;
+    for (int it = blockIdx.x; it < items; it += gridDim.x) ssa_item(a, L, it, it == (int)blockIdx.x, stamps);
+    stamp_at(stamps, 1);
+    // Every SM's partials stored (the barrier orders this SM's stores before the release).
+    ct.sync();
+    if (tid == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(adone) : "memory");
+        while ((int)(ss_ld_acquire_gpu(adone) - target) < 0) __nanosleep(20);
+    }
+    ct.sync();
+    stamp_at(stamps, 7);
+    // This SM's slice of the nh * hd outputs, a warp per output, lanes over ranges: each lane's
+    // ranges' m, l and partial loaded together, then out = sum(acc_s e_s) / sum(l_s e_s) with
+    // e_s = exp(m_s - max m) (attn_combine_head's terms, summed in another order).
+    const int hd = L.hd, S = L.S, total = a.nh * hd;
+    const int per = (total + gridDim.x - 1) / gridDim.x;
+    const int o0 = blockIdx.x * per, o1 = min(total, o0 + per);
+    for (int o = o0 + warp; o < o1; o += SS_NW) {
+        const int h = o / hd, d = o - h * hd;
+        const float* ml = a.part_ml + 2 * (size_t)h * ATTN_MAX_SPLITS;
+        const float* pa = a.part_acc + (size_t)h * ATTN_MAX_SPLITS * hd + d;
+        float ms[ATTN_MAX_SPLITS / 32], ls[ATTN_MAX_SPLITS / 32], ps[ATTN_MAX_SPLITS / 32];
+#pragma unroll
+        for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++) {
+            const int s = lane + 32 * c;
+            if (s < S) {
+                ms[c] = __ldcg(ml + 2 * s);
+                ls[c] = __ldcg(ml + 2 * s + 1);
+                ps[c] = __ldcg(pa + (size_t)s * hd);
+            }
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++)
+            if (lane + 32 * c < S) mx = fmaxf(mx, ms[c]);
+        mx = warp_max(mx);
+        float l = 0.f, acc = 0.f;
+#pragma unroll
+        for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++) {
+            if (lane + 32 * c < S) {
+                const float e = expf(ms[c] - mx);
+                l = fmaf(ls[c], e, l);
+                acc = fmaf(ps[c], e, acc);
+            }
+        }
+        l = warp_sum(l);
+        acc = warp_sum(acc);
+        if (lane == 0) a.out[o] = acc * (1.f / l);
     }
 }
 
@@ -407,6 +750,7 @@ __device__ void stream_body(const StreamParams& P) {
     R.wdone = ss_smem(&wdone_w[warp]);
     const ConsumerThreads ct;
     const unsigned target = done_base + (unsigned)nsm;
+    const int avail = P.x_floats + SS_MAXG * 32;  // attention staging: x and the int8 fragments
     int pc = 0;
     for (int k = 0; k < P.n_ops; k++) {
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
@@ -417,6 +761,8 @@ __device__ void stream_body(const StreamParams& P) {
         if (op.kind == STEP_GEMV && tid >= 32 && tid < 32 + 9)
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
+        // Attention by KV head: this SM's first keys requested before the wait.
+        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
@@ -428,7 +774,7 @@ __device__ void stream_body(const StreamParams& P) {
         if (kind == STEP_GEMV) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps);
         } else if (kind == STEP_ATTN) {
-            ss_attention(op.a, xs);
+            ssa_op(op.a, xs, avail, P.attn_tk, P.done + P.n_ops + k, target, stamps);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {

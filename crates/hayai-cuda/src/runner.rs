@@ -451,7 +451,10 @@ impl CudaRunner {
             .zip(&layers)
             .map(|(l, d)| l.n_heads * d.attn_splits)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            // The streamed step's attention indexes its ranges' partials per head up to
+            // ATTN_MAX_SPLITS whatever the layer's split count (2 MB at E4B's widest).
+            .max(spec.layers.iter().map(|l| l.n_heads).max().unwrap_or(0) * ATTN_MAX_SPLITS);
         let max_hd = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
         let ple_w = spec.ple.as_ref().map_or(0, |p| p.dim * spec.n_layers());
         let ple_d = spec.ple.as_ref().map_or(0, |p| p.dim);
@@ -730,6 +733,13 @@ impl CudaRunner {
                     out.push(("prologue: residual", ms(o[1], o[2])));
                     out.push(("prologue: norm", ms(o[2], o[3])));
                     out.push((*label, ms(o[3], o[5])));
+                } else if o[1] > o[6] && o[7] > o[1] && o[6] > o[0] {
+                    // The streamed step's attention (kernels/stream_step.cu `ssa_op`).
+                    out.push(("attention: inputs", ms(o[0], o[6])));
+                    out.push(("attention: scores+softmax", ms(o[6], o[2])));
+                    out.push(("attention: p.V+rest", ms(o[2], o[1])));
+                    out.push(("attention: ranges barrier", ms(o[1], o[7])));
+                    out.push(("attention: merge", ms(o[7], o[5])));
                 } else if o[7] > o[6] && o[6] > o[0] {
                     out.push(("attention: norms+rope", ms(o[0], o[6])));
                     out.push(("attention: tile", ms(o[6], o[7])));

@@ -162,15 +162,19 @@ pub(crate) struct StreamParams {
     pub(crate) n_ops: i32,
     pub(crate) n_gemv: i32,
     pub(crate) x_floats: i32,
-    pub(crate) pad: i32,
+    /// Positive: at most this many key rows per attention tile (`HAYAI_STREAM_ATTN_TK`, for
+    /// checks of the several-tile and several-range paths on short contexts); 0: no limit.
+    pub(crate) attn_tk: i32,
 }
 /// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`), its threads,
 /// and the bytes of one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments
 /// (96 groups of 16 entries of 8 bytes).
-pub(crate) const STREAM_WARPS: usize = 12;
+pub(crate) const STREAM_WARPS: usize = 11;
 pub(crate) const STREAM_THREADS: usize = (STREAM_WARPS + 1) * 32;
 pub(crate) const STREAM_CHUNK_BYTES: usize = 16 * 1056;
 pub(crate) const STREAM_XF_BYTES: usize = 96 * 16 * 8;
+/// Query heads per KV head the streamed step's attention takes (`SSA_MAXR`).
+pub(crate) const STREAM_ATTN_MAX_GROUP: usize = 8;
 
 /// One recorded kernel launch of the decode plan.
 #[derive(Clone)]

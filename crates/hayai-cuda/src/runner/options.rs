@@ -109,10 +109,11 @@ pub struct CudaOptions {
     /// The whole decode step as the streamed step (kernels/stream_step.cu, docs/streamed-step.md):
     /// one block per SM whose producer warp streams the SM's share of every GEMV's weights (laid
     /// out per SM at load, a second copy of the int4 weights) into a shared-memory ring while its
-    /// consumer warps run the single-kernel step's operations, each waiting for every SM to
-    /// finish the one before. int4 only, with int8 activations (W4A8, as
-    /// [`CudaOptions::int8_activations`]); its K splits are the stream layout's. Off until it
-    /// beats the default on the H200.
+    /// consumer warps run the single-kernel step's operations (attention its own way: by KV head,
+    /// keys staged before the wait), each waiting for every SM to finish the one before. int4
+    /// only, with int8 activations (W4A8, as [`CudaOptions::int8_activations`]); its K splits
+    /// are the stream layout's. Off: level with the default on the H200 (docs/performance.md,
+    /// twelfth session), not yet run on the real model or through the PPL gate.
     pub streamed_step: bool,
     /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
     /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so

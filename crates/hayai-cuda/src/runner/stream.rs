@@ -34,8 +34,22 @@ impl CudaRunner {
                 )));
             }
         }
-        // Three attention items' scratch (one per 128-thread group).
-        let x_floats = max_cols.max(3 * ATTN_SMEM_BYTES / 4).next_multiple_of(4);
+        // The GEMV input and int8 fragments, which the attention reuses to stage its keys
+        // (kernels/stream_step.cu `ssa_layout`: fixed areas, then K and V rows): room for at
+        // least 8 rows (at E4B's head dim 512, 580 floats beyond the widest GEMV input).
+        let mut x_floats = max_cols;
+        for l in &spec.layers {
+            let r = l.n_heads / l.n_kv_heads.max(1);
+            if r > STREAM_ATTN_MAX_GROUP {
+                return Err(CudaError::Unsupported(format!(
+                    "streamed step: {r} query heads per KV head (at most {STREAM_ATTN_MAX_GROUP})"
+                )));
+            }
+            let fixed = (2 * r + 3) * l.head_dim + 4 * STREAM_ATTN_MAX_GROUP + 4;
+            let need = fixed + 8 * (2 * l.head_dim + r);
+            x_floats = x_floats.max(need.saturating_sub(STREAM_XF_BYTES / 4));
+        }
+        let x_floats = x_floats.next_multiple_of(4);
         let optin = self.gpu.max_smem_optin()?;
         let (nch, kernel) = RINGS
             .iter()
@@ -92,7 +106,8 @@ impl CudaRunner {
         let base = self.gpu.upload(&sm_base)?;
         let cells = self.gpu.upload(&sm_cells)?;
         let shares = self.gpu.upload(&shares)?;
-        let done = self.gpu.alloc(n * 4)?;
+        // [2][n]: each operation's SM count, then each attention's ranges-stored count.
+        let done = self.gpu.alloc(2 * n * 4)?;
         let timing = self.gpu.alloc(n * STEP_STAMPS * 8)?;
         let p = StreamParams {
             ops: ops.ptr(),
@@ -105,7 +120,10 @@ impl CudaRunner {
             n_ops: n as i32,
             n_gemv: n_gemv as i32,
             x_floats: x_floats as i32,
-            pad: 0,
+            attn_tk: std::env::var("HAYAI_STREAM_ATTN_TK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         };
         let launch = |p: &StreamParams| {
             Launch::new(
@@ -150,7 +168,7 @@ impl CudaRunner {
         if let Some(d) = &self.stream_debug {
             let n = d.ops.len();
             for (k, op) in d.ops.iter().enumerate() {
-                self.gpu.write(d.params.done, &vec![0u32; n])?;
+                self.gpu.write(d.params.done, &vec![0u32; 2 * n])?;
                 let mut l = d.launch.clone();
                 write_param(
                     &mut l.params,
