@@ -351,7 +351,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // for its q/k/v inputs and none for its keys (the single-kernel step's items take ~12 dependent
 // global loads, ~24 us per layer in this kernel). Ranges are as long as the staging area holds
 // (`tk` rows; longer ones run in several tiles with an online softmax), so an E4B sliding layer
-// (head dim 256, 512 keys) is ~26 ranges per KV head. The ranges' partials are merged after
+// (head dim 256, 512 keys) is 25 ranges per KV head. The ranges' partials are merged after
 // every SM has stored its own (a counter per operation, `done + n_ops`), each SM merging a
 // slice of the heads' outputs, so no SM reads all of a head's partials. Same arithmetic as
 // attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).

@@ -34,22 +34,7 @@ impl CudaRunner {
                 )));
             }
         }
-        // The GEMV input and int8 fragments, which the attention reuses to stage its keys
-        // (kernels/stream_step.cu `ssa_layout`: fixed areas, then K and V rows): room for at
-        // least 8 rows (at E4B's head dim 512, 580 floats beyond the widest GEMV input).
-        let mut x_floats = max_cols;
-        for l in &spec.layers {
-            let r = l.n_heads / l.n_kv_heads.max(1);
-            if r > STREAM_ATTN_MAX_GROUP {
-                return Err(CudaError::Unsupported(format!(
-                    "streamed step: {r} query heads per KV head (at most {STREAM_ATTN_MAX_GROUP})"
-                )));
-            }
-            let fixed = (2 * r + 3) * l.head_dim + 4 * STREAM_ATTN_MAX_GROUP + 4;
-            let need = fixed + 8 * (2 * l.head_dim + r);
-            x_floats = x_floats.max(need.saturating_sub(STREAM_XF_BYTES / 4));
-        }
-        let x_floats = x_floats.next_multiple_of(4);
+        let x_floats = stream_x_floats(spec, max_cols)?;
         let optin = self.gpu.max_smem_optin()?;
         let (nch, kernel) = RINGS
             .iter()
@@ -249,6 +234,41 @@ impl CudaRunner {
     }
 }
 
+/// Floats of the streamed step's GEMV input area (beside the int8 fragments, which follow it):
+/// the widest GEMV input, or what the attention needs to stage [`STREAM_ATTN_MIN_ROWS`] key
+/// rows of K and V beside its fixed areas if that is more (kernels/stream_step.cu `ssa_layout`
+/// reuses both areas).
+fn stream_x_floats(spec: &hayai_model::ModelSpec, max_cols: usize) -> Result<usize, CudaError> {
+    let mut x = max_cols;
+    for l in &spec.layers {
+        let r = l.n_heads / l.n_kv_heads.max(1);
+        if r > STREAM_ATTN_MAX_GROUP {
+            return Err(CudaError::Unsupported(format!(
+                "streamed step: {r} query heads per KV head (at most {STREAM_ATTN_MAX_GROUP})"
+            )));
+        }
+        let need = stream_attn_fixed(r, l.head_dim) + STREAM_ATTN_MIN_ROWS * (2 * l.head_dim + r);
+        x = x.max(need.saturating_sub(STREAM_XF_BYTES / 4));
+    }
+    Ok(x.next_multiple_of(4))
+}
+
+/// Key rows the streamed step's attention gives a range with `x_floats` of GEMV input area (as
+/// `ssa_layout` computes `tk` on the device; here for the sizing's test).
+#[cfg(test)]
+fn stream_attn_rows(x_floats: usize, r: usize, hd: usize) -> usize {
+    (x_floats + STREAM_XF_BYTES / 4).saturating_sub(stream_attn_fixed(r, hd)) / (2 * hd + r)
+}
+
+/// Floats of `ssa_layout`'s fixed areas: q and the p.V accumulators per query head, the fresh
+/// key and value, RoPE's table, per head m, l and correction (room for 8 heads), 4 spare.
+fn stream_attn_fixed(r: usize, hd: usize) -> usize {
+    (2 * r + 3) * hd + 4 * STREAM_ATTN_MAX_GROUP + 4
+}
+
+/// Key rows per range the streamed step's attention is sized for at least.
+const STREAM_ATTN_MIN_ROWS: usize = 8;
+
 /// What `op_outputs` needs of the streamed step: the recorded operations, the launch and its
 /// parameters.
 pub(crate) struct StreamDebug {
@@ -354,6 +374,34 @@ mod tests {
             groups,
             splits,
         }
+    }
+
+    #[test]
+    fn attention_staging_holds_at_least_eight_key_rows() {
+        // E4B: the widest GEMV input (10,240) is not enough for 8 rows at head dim 512.
+        let spec = crate::synth::e4b_spec();
+        let x = stream_x_floats(&spec, 10240).unwrap();
+        assert_eq!(x, 10820);
+        assert_eq!(stream_attn_rows(x, 4, 512), 8);
+        assert_eq!(stream_attn_rows(x, 4, 256), 21);
+        // One row fewer fits in one float less (the size is exact).
+        assert_eq!(stream_attn_rows(x - 4, 4, 512), 7);
+        for arch in [
+            hayai_model::spec::Arch::Gemma3,
+            hayai_model::spec::Arch::Gemma4,
+        ] {
+            let spec = crate::synth::small_spec(arch);
+            let x = stream_x_floats(&spec, 384).unwrap();
+            for l in &spec.layers {
+                assert!(stream_attn_rows(x, l.n_heads / l.n_kv_heads, l.head_dim) >= 8);
+            }
+        }
+        // More than 8 query heads per KV head: refused.
+        let mut spec = crate::synth::small_spec(hayai_model::spec::Arch::Gemma3);
+        spec.layers[0].n_heads = 16;
+        spec.layers[0].n_kv_heads = 1;
+        let e = stream_x_floats(&spec, 384).unwrap_err().to_string();
+        assert!(e.contains("16 query heads per KV head"), "{e}");
     }
 
     #[test]
