@@ -230,8 +230,9 @@ fn main() {
     }
     if want("stream-ops") {
         // One decode step operation by operation, the launch plan's W4A8 against the streamed
-        // step on the small Gemma 3 (vocabulary 1,024): from an empty cache and after 31 tokens.
-        // The first operation whose output moves is where the two paths part.
+        // step on the small Gemma 3 (vocabulary 1,024): from an empty cache and after 31 tokens
+        // of batched prefill (the same kernels on both). The first operation whose output moves
+        // is where the two paths part.
         let (m, p) = stream_model(Arch::Gemma3, 2);
         let a = CudaOptions {
             int8_activations: true,

@@ -437,9 +437,11 @@ pub fn graph_matches_eager(
 }
 
 /// One decode step's operations on two configurations of the same model, after both have taken
-/// `prompt` the normal way (empty: the step starts from an empty cache): per operation, its
-/// label, the rel L2 of `b`'s output from `a`'s and the largest |a| (`CudaRunner::op_outputs`).
-/// The first operation that moves localizes a difference between two decode paths.
+/// `prompt` through the batched prefill with every row computed there (`Rows::All`), so both
+/// caches hold the same prefill kernels' entries (empty: the step starts from an empty cache; one
+/// token goes through each configuration's own decode step): per operation, its label, the rel
+/// L2 of `b`'s output from `a`'s and the largest |a| (`CudaRunner::op_outputs`). The first
+/// operation that moves localizes a difference between two decode paths.
 pub fn op_outputs_compare(
     model: &Model,
     a: &CudaOptions,
@@ -452,12 +454,12 @@ pub fn op_outputs_compare(
             Arc::new(model.clone()),
             CudaOptions {
                 max_context: Some(prompt.len() + 2),
-                batched_prefill: false,
+                batched_prefill: true,
                 ..o.clone()
             },
         )?;
         if !prompt.is_empty() {
-            r.forward(prompt, Rows::Last, &mut |_, _| {})?;
+            r.forward(prompt, Rows::All, &mut |_, _| {})?;
         }
         r.op_outputs(token)
     };
