@@ -10,7 +10,9 @@
 #         (64 MiB per call) for `run real demo ppl`; without the model, carry .gpu and
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
-#         STAGES (default: all but pending*): checks tc fuse single prefill real bench demo ppl;
+#         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
+#         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
+#         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
@@ -28,12 +30,16 @@ prepare() {
   # Two builds: `--example` with several packages builds only their examples, not the binary.
   cargo build --release -p hayai
   cargo build --release -p hayai-cuda --example gpu_check
+  # The checks again with only compute_80 PTX embedded: on the H200 every kernel then takes its
+  # sm_80-89 code path (the A10G's); a target directory of its own keeps the two builds apart.
+  CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
   cp "$t" .gpu/gpu-tests
   cp target/release/hayai .gpu/hayai
-  strip .gpu/hayai .gpu/gpu-tests target/release/examples/gpu_check 2>/dev/null || true
+  cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
@@ -119,6 +125,14 @@ run() {
       timeout 120 env "${e[@]}" .gpu/hayai "${e4b[@]}" $f 2>&1 | sed -n '/^decode/p;/per operation/,$p' | tee -a "$out/session.log"
     done
   fi
+  if has ptx; then
+    # The A10G's code paths on the H200 (docs/cuda.md): the default and streamed steps' parity
+    # with a binary holding only compute_80 PTX (the driver compiles it at the first load; PDL
+    # off). Carry .gpu/gpu_check_ptx.
+    stage "gpu_check parity stream single (compute_80 PTX only)"
+    timeout 500 .gpu/gpu_check_ptx parity stream single > "$out/ptx.log" 2>&1
+    grep -E "PASS|FAIL|INFO|rror|panic" "$out/ptx.log" | tee -a "$out/session.log"
+  fi
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi
   if has tc; then stage "gpu_check tc a8 bench-tc bench-a8"; timeout 400 "$C" tc a8 bench-tc bench-a8 > "$out/tc.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/tc.log" | tee -a "$out/session.log"; fi
   if has fuse; then stage "gpu_check fuse bench"; timeout 300 "$C" fuse bench > "$out/fuse.log" 2>&1; grep -E "PASS|FAIL|decode:|quant:" "$out/fuse.log" | tee -a "$out/session.log"; fi
@@ -142,5 +156,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

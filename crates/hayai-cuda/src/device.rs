@@ -137,9 +137,12 @@ impl Gpu {
         })
     }
 
-    /// Use programmatic dependent launch where the GPU has it (sm_90+) and `on` asks for it.
+    /// Use programmatic dependent launch where the GPU has it (sm_90+), the kernels were
+    /// compiled with its waits (SASS for sm_90: a PTX-only build's kernels take their sm_80
+    /// paths, where `pdl_wait` is a no-op) and `on` asks for it.
     pub fn with_pdl(mut self, on: bool) -> Gpu {
-        self.pdl = on && self.cc_major >= 9;
+        let waits = env!("HAYAI_CUDA_ARCHS").split(',').any(|a| a == "sm_90");
+        self.pdl = on && self.cc_major >= 9 && waits;
         self
     }
 
