@@ -13,6 +13,7 @@
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
+#         pending-precst: the streamed step with SS_PRE_CST=1 (its parity, A/B/A; ~5 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
@@ -33,13 +34,17 @@ prepare() {
   # The checks again with only compute_80 PTX embedded: on the H200 every kernel then takes its
   # sm_80-89 code path (the A10G's); a target directory of its own keeps the two builds apart.
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
+  # The streamed step with its GEMV prologue constants staged before the wait (SS_PRE_CST, off
+  # by default until measured): the binary for pending-precst's A/B.
+  CARGO_TARGET_DIR=target/precst HAYAI_CUDA_DEFINES=-DSS_PRE_CST=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
   cp "$t" .gpu/gpu-tests
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx target/release/examples/gpu_check 2>/dev/null || true
+  cp target/precst/release/examples/gpu_check .gpu/gpu_check_precst
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_precst target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
@@ -112,6 +117,17 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
+  if has pending-precst; then
+    # SS_PRE_CST=1 (kernels/stream_step.cu): parity, then the streamed step A/B/A against the
+    # default build's. Carry target/release/examples/gpu_check and .gpu/gpu_check_precst.
+    stage "streamed step with prologue constants before the wait (SS_PRE_CST=1)"
+    timeout 200 .gpu/gpu_check_precst stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/precst /' | tee -a "$out/session.log"
+    local c
+    for c in "$C" .gpu/gpu_check_precst "$C" .gpu/gpu_check_precst; do
+      echo "-- $c" | tee -a "$out/session.log"
+      timeout 120 "$c" bench-stream 2>&1 | grep -E "decode:|^  (prologue|gemv|barrier)" | tee -a "$out/session.log"
+    done
+  fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"
     local e4b=(bench-engine --model synth:e4b --device cuda --prompt-len 128 --gen 512)
@@ -156,5 +172,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [pending-precst] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -4,7 +4,8 @@
 //! kernels (CPU-only binary). `HAYAI_CUDA_PTX_ONLY=1` embeds only the compute_80 PTX, which the
 //! driver compiles for whatever GPU runs it: on an H200 the kernels then take their sm_80-89
 //! code paths (no bulk copies, no PDL), the ones the A10G runs — a check of those paths on the
-//! GPU we have (`scripts/gpu-session.sh`, stage `ptx`).
+//! GPU we have (`scripts/gpu-session.sh`, stage `ptx`). `HAYAI_CUDA_DEFINES` adds `-D` switches
+//! for measurement builds (kernels' experimental options, off by default).
 
 use std::env;
 use std::fs;
@@ -19,6 +20,7 @@ fn main() {
     println!("cargo::rerun-if-env-changed=HAYAI_NVCC");
     println!("cargo::rerun-if-env-changed=HAYAI_NO_CUDA");
     println!("cargo::rerun-if-env-changed=HAYAI_CUDA_PTX_ONLY");
+    println!("cargo::rerun-if-env-changed=HAYAI_CUDA_DEFINES");
     println!("cargo::rerun-if-changed=kernels");
     println!("cargo::rerun-if-changed=build.rs");
 
@@ -69,6 +71,14 @@ fn main() {
         .arg("0")
         .arg("-I")
         .arg(manifest.join("kernels"));
+    // Measurement builds: extra `-D` switches of the kernels (e.g. `-DSS_PRE_CST=1`), off by
+    // default; a binary built so is for A/B runs only.
+    for d in env::var("HAYAI_CUDA_DEFINES")
+        .unwrap_or_default()
+        .split_whitespace()
+    {
+        cmd.arg(d);
+    }
     let ptx_only = env::var("HAYAI_CUDA_PTX_ONLY").is_ok_and(|v| v == "1");
     let sass: &[&str] = if ptx_only { &[] } else { ARCHS };
     for a in sass {

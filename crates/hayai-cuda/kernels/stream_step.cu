@@ -38,6 +38,13 @@
 #define SS_BAR 4                        // the consumers' named barrier (attention groups take 1-3)
 #define SS_PFD 8                        // sm_90: chunks pulled into L2 ahead while the ring is full
 #define SS_PSLEEP 300                   // sm_90: ns the idle producer sleeps on its oldest copy
+// SS_PRE_CST=1 (build with HAYAI_CUDA_DEFINES=-DSS_PRE_CST=1; not yet measured, off): a GEMV's
+// residual and norm weights are copied into shared memory before the wait for its input (the
+// launch plan's `cst`), and its residual input is loaded with the input partials instead of
+// after them.
+#ifndef SS_PRE_CST
+#define SS_PRE_CST 0
+#endif
 
 // One SM's share of one GEMV (src/stream_layout.rs `SmShare`, uploaded as is).
 struct SmShare {
@@ -253,9 +260,29 @@ struct SsShared {
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
 // the groups this SM multiplies, then its units' cells from the ring, the rows of each pass stored
 // as partial vector `slice` of the output.
+// Where a GEMV's prologue constants go (gemv_prologue's `cst`: the residual input, its weight,
+// the norm weight, `cols` floats each after x), null when SS_PRE_CST is off, the prologue has none
+// or they do not fit.
+__device__ __forceinline__ float* ss_cst(const GemvParams& g, float* xs, int x_floats) {
+    return SS_PRE_CST && (g.res_in || g.norm_w) && 4 * g.cols <= x_floats ? xs + g.cols : nullptr;
+}
+// Before the wait: the prologue's weights into `cst` (gemv_constants_async by the consumer
+// warps, each thread the columns it handles in gemv_prologue).
+__device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* xs, int x_floats) {
+    float* cst = ss_cst(g, xs, x_floats);
+    if (!cst) return;
+    const ConsumerThreads ct;
+    for (int j = ct.t(); j < (g.cols >> 2); j += ct.n()) {
+        if (g.res_w) cp_async16(cst + g.cols + 4 * j, g.res_w + 4 * j);
+        if (g.norm_w) cp_async16(cst + 2 * g.cols + 4 * j, g.norm_w + 4 * j);
+    }
+    cp_async_commit();
+}
+
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
-                        SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps) {
+                        SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
+                        int x_floats) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -264,8 +291,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
-    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32, nullptr,
-                                            ConsumerThreads{});
+    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
+                                            ss_cst(g, xs, x_floats), ConsumerThreads{});
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2.
@@ -763,6 +790,7 @@ __device__ void stream_body(const StreamParams& P) {
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
         if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk);
+        if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
@@ -772,7 +800,7 @@ __device__ void stream_body(const StreamParams& P) {
         stamp_at(stamps, 0);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps);
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats);
         } else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, avail, P.attn_tk, P.done + P.n_ops + k, target, stamps);
         } else if (kind == STEP_PLE) {
