@@ -247,6 +247,13 @@ fn stream_x_floats(spec: &hayai_model::ModelSpec, max_cols: usize) -> Result<usi
                 "streamed step: {r} query heads per KV head (at most {STREAM_ATTN_MAX_GROUP})"
             )));
         }
+        // A warp rotates a vector as pairs (i, i + hd/2), at most 8 per lane (`ssa_inputs`).
+        if l.head_dim % 64 != 0 || l.head_dim > 512 {
+            return Err(CudaError::Unsupported(format!(
+                "streamed step: head dim {} (a multiple of 64, at most 512)",
+                l.head_dim
+            )));
+        }
         let need = stream_attn_fixed(r, l.head_dim) + STREAM_ATTN_MIN_ROWS * (2 * l.head_dim + r);
         x = x.max(need.saturating_sub(STREAM_XF_BYTES / 4));
     }
@@ -402,6 +409,10 @@ mod tests {
         spec.layers[0].n_kv_heads = 1;
         let e = stream_x_floats(&spec, 384).unwrap_err().to_string();
         assert!(e.contains("16 query heads per KV head"), "{e}");
+        let mut spec = crate::synth::small_spec(hayai_model::spec::Arch::Gemma3);
+        spec.layers[1].head_dim = 96;
+        let e = stream_x_floats(&spec, 384).unwrap_err().to_string();
+        assert!(e.contains("head dim 96"), "{e}");
     }
 
     #[test]
