@@ -13,12 +13,14 @@
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-precst: the streamed step with SS_PRE_CST=1 (its parity, A/B/A; ~5 min);
+#         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
+#         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
 #         ~1 min); pending-stream: the engine's streamed step (gpu_check stream, the same with one
-#         key row per attention tile, stream-ops, bench-stream / bench / bench-stream; ~8 min); pending-ab: bench-engine A/B of the current defaults (the server's
+#         key row per attention tile, stream-ops, bench-stream / bench / bench-stream; ~8 min;
+#         stream-parity: only its checks); pending-ab: bench-engine A/B of the current defaults (the server's
 #         plan with and without --attn-min-keys, bf16; ~2 min)
 #         Logs go to $OUT (or ./out); every stage has its own time limit.
 set -uo pipefail
@@ -34,17 +36,16 @@ prepare() {
   # The checks again with only compute_80 PTX embedded: on the H200 every kernel then takes its
   # sm_80-89 code path (the A10G's); a target directory of its own keeps the two builds apart.
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
-  # The streamed step with its GEMV prologue constants staged before the wait (SS_PRE_CST, off
-  # by default until measured): the binary for pending-precst's A/B.
-  CARGO_TARGET_DIR=target/precst HAYAI_CUDA_DEFINES=-DSS_PRE_CST=1 cargo build --release -p hayai-cuda --example gpu_check
+  # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
+  CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
   cp "$t" .gpu/gpu-tests
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
-  cp target/precst/release/examples/gpu_check .gpu/gpu_check_precst
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_precst target/release/examples/gpu_check 2>/dev/null || true
+  cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
@@ -99,7 +100,7 @@ run() {
     echo "rc=$?" >> "$out/proto.log"
     grep -vE "^device|^operations|^read band|^last SM|^SM clock" "$out/proto.log" | tee -a "$out/session.log"
   fi
-  if has pending-stream; then
+  if has pending-stream || has stream-parity; then
     # The engine's streamed step (docs/performance.md, twelfth session): parity on the small
     # models and E4B shapes, again with one key row per attention tile (HAYAI_STREAM_ATTN_TK=1:
     # the several-tile and several-ranges-per-SM paths on short contexts), where it parts from
@@ -110,6 +111,8 @@ run() {
     timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL|INFO" | tee -a "$out/session.log"
     HAYAI_STREAM_ATTN_TK=1 timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/TK=1 /' | tee -a "$out/session.log"
     timeout 120 "$C" stream-ops 2>&1 | grep -vE "^build|^gpu:" | tee -a "$out/session.log"
+  fi
+  if has pending-stream; then
     # (gpu_check runs its stages once each, in its own order: `bench` is the persistent and the
     # default launch plans, so the streamed runs come from separate calls around it.)
     local b
@@ -117,16 +120,12 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
-  if has pending-precst; then
-    # SS_PRE_CST=1 (kernels/stream_step.cu): parity, then the streamed step A/B/A against the
-    # default build's. Carry target/release/examples/gpu_check and .gpu/gpu_check_precst.
-    stage "streamed step with prologue constants before the wait (SS_PRE_CST=1)"
-    timeout 200 .gpu/gpu_check_precst stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/precst /' | tee -a "$out/session.log"
-    local c
-    for c in "$C" .gpu/gpu_check_precst "$C" .gpu/gpu_check_precst; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 120 "$c" bench-stream 2>&1 | grep -E "decode:|^  (prologue|gemv|barrier)" | tee -a "$out/session.log"
-    done
+  if has timeline; then
+    # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
+    # Carry .gpu/gpu_check_tl.
+    stage "streamed step timeline (SS_TIMELINE=1)"
+    HAYAI_STREAM_TIMELINE="$out/tl.bin" timeout 120 .gpu/gpu_check_tl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+    python3 scripts/stream_timeline.py "$out/tl.bin" 2>&1 | tee -a "$out/session.log"
   fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"
@@ -172,5 +171,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [pending-precst] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -99,9 +99,10 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // Builds x (length cols, a multiple of 4) in shared memory. Loads are float4 and independent
 // across iterations so the prologue costs a few L2 round trips, not one per element. When
 // `scaled_store`, stores x[j] * 2^(-4 (j % 4)) for the int4 dequantization trick (see below).
-// STEP: the single-kernel decode step's variant (kernels/step.cu), which also reads GeGLU
-// partials (`in_glu`) and requests split partials four at a time; the launch-per-operation
-// kernels keep the plain loop (fewer registers: their occupancy depends on it).
+// STEP: the single-kernel and streamed decode steps' variant (kernels/step.cu,
+// kernels/stream_step.cu), which also reads GeGLU partials (`in_glu`) and requests two columns'
+// partials at a time (see the branch); the launch-per-operation kernels keep the plain loop
+// (fewer registers: their occupancy depends on it).
 // [j0, j1): the float4s of x this block multiplies (its K split). Without a norm, a residual
 // input or a residual to store (which need the whole vector) only those are built: a K split
 // of `down` needs 1/7 of its 40 KB input, not all of it.
@@ -111,11 +112,12 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // trip instead of three.
 // PENDING: cp.async groups committed after the constants' that may stay in flight (a caller's
 // own weight copies). G: the threads that run it (a whole block, or a group with its own named
-// barrier beside warps that never join it, as a streamed step's producer warp).
+// barrier beside warps that never join it, as a streamed step's producer warp). tl: the streamed
+// step's per-SM timeline slots (kernels/stream_step.cu SS_TIMELINE; null elsewhere).
 template <bool STEP = false, int PENDING = 0, class G = BlockThreads>
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store,
                               unsigned long long* stamps = nullptr, int j0 = 0, int j1 = -1,
-                              float* cst = nullptr, G g = G()) {
+                              float* cst = nullptr, G g = G(), unsigned long long* tl = nullptr) {
     const int n4 = p.cols >> 2;
     const bool early_res = cst && p.res_in;
     const bool whole = j1 < 0 || p.res_in || p.norm_w || p.res_out;
@@ -127,70 +129,159 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
     float4* x4 = (float4*)xs;
     float ss_res = 0.f;
+    if (STEP && !p.gather_tok) {
+        // The step's variant: the residual input copied straight into `cst` (no registers), and
+        // two columns per thread at a time with all their partials requested before either is
+        // used, so the inputs cost one memory round trip where they cost one per column (the
+        // next column's loads do not pass this one's shared-memory stores). Sums in split order,
+        // the sum of squares in column order, as before.
+        if (early_res) {
+            for (int j = j0 + g.tu(); j < j1; j += g.nu()) cp_async16(cst + 4 * j, p.res_in + 4 * j);
+            cp_async_commit();
+        }
+        for (int ja = j0 + g.tu(); ja < j1; ja += 2 * g.nu()) {
+            const int jb = ja + g.nu();
+            const bool two = jb < j1;
+            float4 va, vb = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (p.in_glu) {
+                const float4* q = (const float4*)p.in;
+                float4 a0 = q[2 * ja], a1 = q[2 * ja + 1], b0 = vb, b1 = vb;
+                if (two) {
+                    b0 = q[2 * jb];
+                    b1 = q[2 * jb + 1];
+                }
+                for (int s = 1; s < p.in_splits; s++) {
+                    const float4* r = (const float4*)(p.in + (size_t)s * p.in_ld);
+                    const float4 c0 = r[2 * ja], c1 = r[2 * ja + 1];
+                    a0.x += c0.x; a0.y += c0.y; a0.z += c0.z; a0.w += c0.w;
+                    a1.x += c1.x; a1.y += c1.y; a1.z += c1.z; a1.w += c1.w;
+                    if (two) {
+                        const float4 d0 = r[2 * jb], d1 = r[2 * jb + 1];
+                        b0.x += d0.x; b0.y += d0.y; b0.z += d0.z; b0.w += d0.w;
+                        b1.x += d1.x; b1.y += d1.y; b1.z += d1.z; b1.w += d1.w;
+                    }
+                }
+                va = make_float4(gelu_tanh(a0.x) * a0.y, gelu_tanh(a0.z) * a0.w, gelu_tanh(a1.x) * a1.y,
+                                 gelu_tanh(a1.z) * a1.w);
+                vb = make_float4(gelu_tanh(b0.x) * b0.y, gelu_tanh(b0.z) * b0.w, gelu_tanh(b1.x) * b1.y,
+                                 gelu_tanh(b1.z) * b1.w);
+            } else {
+                const float4* q = (const float4*)p.in;
+                va = q[ja];
+                if (two) vb = q[jb];
+                float4 ua[3], ub[3];
+#pragma unroll
+                for (int k = 0; k < 3; k++) ua[k] = ub[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int k = 0; k < 3; k++) {
+                    if (k + 1 < p.in_splits) {
+                        const float4* r = (const float4*)(p.in + (size_t)(k + 1) * p.in_ld);
+                        ua[k] = r[ja];
+                        if (two) ub[k] = r[jb];
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 3; k++) {
+                    if (k + 1 < p.in_splits) {
+                        va.x += ua[k].x; va.y += ua[k].y; va.z += ua[k].z; va.w += ua[k].w;
+                        vb.x += ub[k].x; vb.y += ub[k].y; vb.z += ub[k].z; vb.w += ub[k].w;
+                    }
+                }
+                // Splits past four (none in the shapes measured), one at a time, in order.
+                for (int s = 4; s < p.in_splits; s++) {
+                    const float4* r = (const float4*)(p.in + (size_t)s * p.in_ld);
+                    const float4 c = r[ja];
+                    va.x += c.x; va.y += c.y; va.z += c.z; va.w += c.w;
+                    if (two) {
+                        const float4 d = r[jb];
+                        vb.x += d.x; vb.y += d.y; vb.z += d.z; vb.w += d.w;
+                    }
+                }
+            }
+            if (p.act_mult) {
+                const float4 m = ((const float4*)p.act_mult)[ja];
+                va = make_float4(gelu_tanh(va.x) * m.x, gelu_tanh(va.y) * m.y, gelu_tanh(va.z) * m.z,
+                                 gelu_tanh(va.w) * m.w);
+                if (two) {
+                    const float4 n = ((const float4*)p.act_mult)[jb];
+                    vb = make_float4(gelu_tanh(vb.x) * n.x, gelu_tanh(vb.y) * n.y, gelu_tanh(vb.z) * n.z,
+                                     gelu_tanh(vb.w) * n.w);
+                }
+            }
+            x4[ja] = va;
+            ss_res += va.x * va.x + va.y * va.y + va.z * va.z + va.w * va.w;
+            if (two) {
+                x4[jb] = vb;
+                ss_res += vb.x * vb.x + vb.y * vb.y + vb.z * vb.z + vb.w * vb.w;
+            }
+        }
+    } else {
 #pragma unroll 4
-    for (int j = j0 + g.tu(); j < j1; j += g.nu()) {
-        float4 v;
-        if (p.gather_tok) {
-            const uint2 b = *(const uint2*)(p.gather_table + (size_t)(*p.gather_tok) * p.cols + 4 * j);
-            const float sc = p.gather_scale;
-            v = make_float4(bf16_lo(b.x) * sc, bf16_hi(b.x) * sc, bf16_lo(b.y) * sc, bf16_hi(b.y) * sc);
-            if (first && p.res_out) ((float4*)p.res_out)[j] = v;
-        } else if (STEP && p.in_glu) {
-            // Partials requested four splits at a time, added in split order.
-            float4 a = ((const float4*)p.in)[2 * j], b = ((const float4*)p.in)[2 * j + 1];
-            for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
-                float4 c[4], d[4];
+        for (int j = j0 + g.tu(); j < j1; j += g.nu()) {
+            float4 v;
+            if (p.gather_tok) {
+                const uint2 b = *(const uint2*)(p.gather_table + (size_t)(*p.gather_tok) * p.cols + 4 * j);
+                const float sc = p.gather_scale;
+                v = make_float4(bf16_lo(b.x) * sc, bf16_hi(b.x) * sc, bf16_lo(b.y) * sc, bf16_hi(b.y) * sc);
+                if (first && p.res_out) ((float4*)p.res_out)[j] = v;
+            } else if (STEP && p.in_glu) {
+                // Partials requested four splits at a time, added in split order.
+                float4 a = ((const float4*)p.in)[2 * j], b = ((const float4*)p.in)[2 * j + 1];
+                for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
+                    float4 c[4], d[4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if (s0 + k < p.in_splits) {
-                        const float4* q = (const float4*)(p.in + (size_t)(s0 + k) * p.in_ld);
-                        c[k] = q[2 * j];
-                        d[k] = q[2 * j + 1];
+                    for (int k = 0; k < 4; k++) {
+                        if (s0 + k < p.in_splits) {
+                            const float4* q = (const float4*)(p.in + (size_t)(s0 + k) * p.in_ld);
+                            c[k] = q[2 * j];
+                            d[k] = q[2 * j + 1];
+                        }
+                    }
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        if (s0 + k < p.in_splits) {
+                            a.x += c[k].x; a.y += c[k].y; a.z += c[k].z; a.w += c[k].w;
+                            b.x += d[k].x; b.y += d[k].y; b.z += d[k].z; b.w += d[k].w;
+                        }
                     }
                 }
+                v = make_float4(gelu_tanh(a.x) * a.y, gelu_tanh(a.z) * a.w, gelu_tanh(b.x) * b.y,
+                                gelu_tanh(b.z) * b.w);
+            } else if (STEP) {
+                // Partials requested four at a time (a memory round trip per four splits, not per
+                // split), added in split order.
+                v = ((const float4*)p.in)[j];
+                for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
+                    float4 u[4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if (s0 + k < p.in_splits) {
-                        a.x += c[k].x; a.y += c[k].y; a.z += c[k].z; a.w += c[k].w;
-                        b.x += d[k].x; b.y += d[k].y; b.z += d[k].z; b.w += d[k].w;
+                    for (int k = 0; k < 4; k++)
+                        if (s0 + k < p.in_splits) u[k] = ((const float4*)(p.in + (size_t)(s0 + k) * p.in_ld))[j];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        if (s0 + k < p.in_splits) {
+                            v.x += u[k].x; v.y += u[k].y; v.z += u[k].z; v.w += u[k].w;
+                        }
                     }
                 }
-            }
-            v = make_float4(gelu_tanh(a.x) * a.y, gelu_tanh(a.z) * a.w, gelu_tanh(b.x) * b.y,
-                            gelu_tanh(b.z) * b.w);
-        } else if (STEP) {
-            // Partials requested four at a time (a memory round trip per four splits, not per
-            // split), added in split order.
-            v = ((const float4*)p.in)[j];
-            for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
-                float4 u[4];
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    if (s0 + k < p.in_splits) u[k] = ((const float4*)(p.in + (size_t)(s0 + k) * p.in_ld))[j];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if (s0 + k < p.in_splits) {
-                        v.x += u[k].x; v.y += u[k].y; v.z += u[k].z; v.w += u[k].w;
-                    }
+            } else {
+                v = ((const float4*)p.in)[j];
+                for (int s = 1; s < p.in_splits; s++) {
+                    const float4 u = ((const float4*)(p.in + (size_t)s * p.in_ld))[j];
+                    v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
                 }
             }
-        } else {
-            v = ((const float4*)p.in)[j];
-            for (int s = 1; s < p.in_splits; s++) {
-                const float4 u = ((const float4*)(p.in + (size_t)s * p.in_ld))[j];
-                v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+            if (p.act_mult) {
+                const float4 m = ((const float4*)p.act_mult)[j];
+                v = make_float4(gelu_tanh(v.x) * m.x, gelu_tanh(v.y) * m.y, gelu_tanh(v.z) * m.z,
+                                gelu_tanh(v.w) * m.w);
             }
+            x4[j] = v;
+            if (early_res) ((float4*)cst)[j] = ((const float4*)p.res_in)[j];
+            ss_res += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
-        if (p.act_mult) {
-            const float4 m = ((const float4*)p.act_mult)[j];
-            v = make_float4(gelu_tanh(v.x) * m.x, gelu_tanh(v.y) * m.y, gelu_tanh(v.z) * m.z,
-                            gelu_tanh(v.w) * m.w);
-        }
-        x4[j] = v;
-        if (early_res) ((float4*)cst)[j] = ((const float4*)p.res_in)[j];
-        ss_res += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     if (STEP) stamp_at(stamps, 1);
+    if (STEP && tl && g.t() == 0) tl[4] = global_ns();
     if (cst) cp_async_wait<PENDING>();  // the norm weights (block_sum's barrier publishes them)
     const int n = p.cols;
     const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
@@ -223,6 +314,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
         }
     }
     if (STEP) stamp_at(stamps, 2);
+    if (STEP && tl && g.t() == 0) tl[5] = global_ns();
     if (p.norm_w) {
         float t = group_sum(ss, red, g);
         float scale = rsqrtf(t / (float)n + p.eps);

@@ -38,13 +38,25 @@
 #define SS_BAR 4                        // the consumers' named barrier (attention groups take 1-3)
 #define SS_PFD 8                        // sm_90: chunks pulled into L2 ahead while the ring is full
 #define SS_PSLEEP 300                   // sm_90: ns the idle producer sleeps on its oldest copy
-// SS_PRE_CST=1 (build with HAYAI_CUDA_DEFINES=-DSS_PRE_CST=1; not yet measured, off): a GEMV's
-// residual and norm weights are copied into shared memory before the wait for its input (the
-// launch plan's `cst`), and its residual input is loaded with the input partials instead of
-// after them.
+// SS_PRE_CST (default 1; -DSS_PRE_CST=0 builds without): a GEMV's residual and norm weights are
+// copied into shared memory before the wait for its input (the launch plan's `cst`), and its
+// residual input is loaded with the input partials instead of after them (measured A/B/A:
+// 439.0-439.5 -> 452.3-452.7 tok/s on E4B shapes, docs/performance.md, thirteenth session).
 #ifndef SS_PRE_CST
-#define SS_PRE_CST 0
+#define SS_PRE_CST 1
 #endif
+// SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
+// launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
+// [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
+// (before the publication), and for a GEMV its prologue's inputs loaded, residual added, prologue
+// done, cells done; then per ring chunk [2] = the producer issued it, saw it land (SS_TL_CHUNKS
+// chunks per SM at most). The host writes them out (HAYAI_STREAM_TIMELINE) for
+// scripts/stream_timeline.py.
+#ifndef SS_TIMELINE
+#define SS_TIMELINE 0
+#endif
+#define SS_TL_CHUNKS 4096
+#define SS_TL_SLOTS 8
 
 // One SM's share of one GEMV (src/stream_layout.rs `SmShare`, uploaded as is).
 struct SmShare {
@@ -103,6 +115,20 @@ __device__ __forceinline__ bool ss_mbar_done(uint64_t* b, unsigned parity) {
     return ok != 0;
 }
 
+// SS_TIMELINE: this SM's slots of operation k, and of ring chunk c (null: not recording).
+__device__ __forceinline__ unsigned long long* ss_tl_op(const StreamParams& P, int k) {
+    return SS_TIMELINE && P.timing ? P.timing + STEP_STAMPS * P.n_ops + ((size_t)blockIdx.x * P.n_ops + k) * SS_TL_SLOTS
+                                   : nullptr;
+}
+__device__ __forceinline__ void ss_tl_chunk(const StreamParams& P, unsigned c, int i) {
+    if (SS_TIMELINE && P.timing && c < SS_TL_CHUNKS)
+        P.timing[STEP_STAMPS * P.n_ops + (size_t)gridDim.x * P.n_ops * SS_TL_SLOTS + ((size_t)blockIdx.x * SS_TL_CHUNKS + c) * 2 +
+                 i] = global_ns();
+}
+__device__ __forceinline__ void ss_tl_at(unsigned long long* tl, int i) {
+    if (SS_TIMELINE && tl && threadIdx.x == 0) tl[i] = global_ns();
+}
+
 // The producer warp: this SM's `total` cells into the ring chunk by chunk; chunk c goes into slot
 // c % NCH once chunk c - NCH has landed and every consumer warp is done with it.
 template <int NCH>
@@ -137,6 +163,7 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
                 for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(ss_smem(&full[slot])) : "memory");
 #endif
+                if (lane == 0) ss_tl_chunk(P, issued, 0);
                 issued++;
                 moved = true;
             }
@@ -144,7 +171,10 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
         if (done < issued && ss_mbar_done(&full[done % NCH], (done / NCH) & 1u)) {
             done++;
             __syncwarp();
-            if (lane == 0) ss_st_release_cta(ss_smem(landed), done);
+            if (lane == 0) {
+                ss_st_release_cta(ss_smem(landed), done);
+                ss_tl_chunk(P, done - 1, 1);
+            }
             moved = true;
         }
         if (!moved) {
@@ -282,7 +312,7 @@ __device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* x
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats) {
+                        int x_floats, unsigned long long* tl) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -292,7 +322,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
-                                            ss_cst(g, xs, x_floats), ConsumerThreads{});
+                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+    ss_tl_at(tl, 6);
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2.
@@ -310,6 +341,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     }
     ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
+    ss_tl_at(tl, 2);
 
     const unsigned base = sh.first_cell;
     for (int p = 0; p * SS_NW < nt; p++, pc++) {
@@ -354,6 +386,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
         // Done with this pass's cells (or idle in it): let the ring move on before the barrier.
         R.release_to(pb + (unsigned)(q.np * gu));
         ConsumerThreads{}.sync();
+        ss_tl_at(tl, 7);
         // The last pass's cells are all read: hold the stream while the operation publishes.
         if (tid == 0 && (p + 1) * SS_NW >= nt) *hold = 1;
         // The np units' rows: the kw warps' sums added in slice order, into partial vector `slice`.
@@ -782,15 +815,18 @@ __device__ void stream_body(const StreamParams& P) {
     for (int k = 0; k < P.n_ops; k++) {
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
         // The next record (and, for a GEMV, this SM's share) staged before this one's wait.
-        if (k + 1 < P.n_ops) {
-            if (tid < STEP_OP_BYTES / 16) op_stage[(k + 1) & 1][tid] = ((const uint4*)(P.ops + k + 1))[tid];
-        }
+        // (Not by thread 0, which polls: a load here would put its round trip before the poll's
+        // on the path of the operation's last SM.)
+        if (k + 1 < P.n_ops && tid >= 64 && tid < 64 + STEP_OP_BYTES / 16)
+            op_stage[(k + 1) & 1][tid - 64] = ((const uint4*)(P.ops + k + 1))[tid - 64];
         if (op.kind == STEP_GEMV && tid >= 32 && tid < 32 + 9)
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
         if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
+        unsigned long long* tl = ss_tl_op(P, k);
+        ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
@@ -798,9 +834,10 @@ __device__ void stream_body(const StreamParams& P) {
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
+        ss_tl_at(tl, 1);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats);
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, avail, P.attn_tk, P.done + P.n_ops + k, target, stamps);
         } else if (kind == STEP_PLE) {
@@ -812,6 +849,7 @@ __device__ void stream_body(const StreamParams& P) {
         }
         // The barrier orders every consumer's writes before thread 0's release (cumulative).
         ct.sync();
+        ss_tl_at(tl, 3);
         if (tid == 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
             hold = 0;

@@ -321,6 +321,9 @@ pub struct CudaRunner {
     streamed: bool,
     /// Its recorded operations, for `op_outputs`.
     stream_debug: Option<stream::StreamDebug>,
+    /// The streamed step's per-SM timeline layout (dumped by `profile_step` when
+    /// HAYAI_STREAM_TIMELINE names a file).
+    stream_timeline: Option<stream::StreamTimeline>,
     /// Its launch with timing on, the operations' labels and the timing buffer ([ops][2] u64).
     step_profile: Option<(Launch, Vec<&'static str>, u64)>,
     /// Resident GEMV blocks per SM by dynamic shared memory size (persistent grid sizing).
@@ -589,6 +592,7 @@ impl CudaRunner {
             step_kernel: None,
             streamed: false,
             stream_debug: None,
+            stream_timeline: None,
             step_profile: None,
             step_bufs: Vec::new(),
             gemv_occupancy: Default::default(),
@@ -719,11 +723,24 @@ impl CudaRunner {
             // start minus slot 5 is the barrier.
             const S: usize = STEP_STAMPS;
             let n = labels.len();
-            self.gpu.write(*timing, &vec![0u64; S * n])?;
+            let dump = std::env::var("HAYAI_STREAM_TIMELINE").ok();
+            let words = match (&dump, &self.stream_timeline) {
+                (Some(_), Some(tl)) => tl.words,
+                _ => S * n,
+            };
+            self.gpu.write(*timing, &vec![0u64; words])?;
             launch.run(&self.gpu)?;
             self.gpu.sync()?;
-            let mut t = vec![0u64; S * n];
+            let mut t = vec![0u64; words];
             self.gpu.read(*timing, &mut t)?;
+            if let (Some(path), Some(tl)) = (&dump, &self.stream_timeline) {
+                // Raw little-endian u64 stamps and their layout (scripts/stream_timeline.py).
+                let bytes: Vec<u8> = t.iter().flat_map(|w| w.to_le_bytes()).collect();
+                let io = |e: std::io::Error| CudaError::Unsupported(format!("{path}: {e}"));
+                std::fs::write(path, bytes).map_err(io)?;
+                std::fs::write(format!("{path}.json"), &tl.meta).map_err(io)?;
+            }
+            t.truncate(S * n);
             let ms = |a: u64, b: u64| b.saturating_sub(a) as f32 * 1e-6;
             let mut out = Vec::with_capacity(4 * n);
             for (k, label) in labels.iter().enumerate() {

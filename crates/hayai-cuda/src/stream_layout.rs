@@ -537,6 +537,7 @@ mod tests {
         for (n_sm, warps) in [(7, 4), (13, 12), (40, 8)] {
             let st = build(&ops, n_sm, warps).unwrap();
             assert!(st.sm_base.iter().all(|b| b % ALIGN_CELLS == 0));
+            assert!(st.ops.iter().any(|p| p.splits > 1), "no K splits walked");
             for (i, m) in mats.iter().enumerate() {
                 let x = input(m.cols);
                 let got = walk(&st, i, &x);
@@ -627,6 +628,7 @@ mod tests {
         assert_eq!(k_splits(2560, 80, false, 132), 4);
         assert_eq!(k_splits(20480, 20, true, 132), 1); // GeGLU rows stay whole
         assert_eq!(k_splits(262144, 20, false, 132), 1); // lm_head: already within 2%
+        assert_eq!(k_splits(2560, 16, false, 132), 4); // O: 32 -> 20 cells
     }
 
     #[test]

@@ -170,6 +170,11 @@ pub(crate) struct StreamParams {
 /// and the bytes of one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments
 /// (96 groups of 16 entries of 8 bytes).
 pub(crate) const STREAM_WARPS: usize = 11;
+/// Ring chunks per SM the streamed step's timeline records at most (kernels/stream_step.cu
+/// `SS_TL_CHUNKS`).
+pub(crate) const STREAM_TL_CHUNKS: usize = 4096;
+/// Stamps per SM and operation in that timeline (`SS_TL_SLOTS`).
+pub(crate) const STREAM_TL_SLOTS: usize = 8;
 pub(crate) const STREAM_THREADS: usize = (STREAM_WARPS + 1) * 32;
 pub(crate) const STREAM_CHUNK_BYTES: usize = 16 * 1056;
 pub(crate) const STREAM_XF_BYTES: usize = 96 * 16 * 8;

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::step_streams::step_streams;
-use crate::stream_layout::{OpPlan, SmShare};
+use crate::stream_layout::{OpPlan, SmShare, Streams};
 
 /// Ring depths the kernel is compiled for (`decode_stream_r{N}`), deepest first.
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
@@ -83,6 +83,7 @@ impl CudaRunner {
             .collect();
         let (bytes, n_gemv) = stream_records(&ops, &st.labels, &streams.ops)?;
         let n = ops.len();
+        let meta = timeline_meta(&ops, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
         let sm_base: Vec<u64> = streams.sm_base[..grid].iter().map(|&b| b as u64).collect();
         let sm_cells: Vec<u32> = (0..grid).map(|s| streams.sm_cells(s) as u32).collect();
@@ -93,7 +94,15 @@ impl CudaRunner {
         let shares = self.gpu.upload(&shares)?;
         // [2][n]: each operation's SM count, then each attention's ranges-stored count.
         let done = self.gpu.alloc(2 * n * 4)?;
-        let timing = self.gpu.alloc(n * STEP_STAMPS * 8)?;
+        // The per-operation stamps, then (SS_TIMELINE builds) every SM's per-operation stamps and
+        // its ring chunks' issue and landing times.
+        let timing_words =
+            n * STEP_STAMPS + grid * n * STREAM_TL_SLOTS + grid * STREAM_TL_CHUNKS * 2;
+        let timing = self.gpu.alloc(timing_words * 8)?;
+        self.stream_timeline = Some(StreamTimeline {
+            words: timing_words,
+            meta,
+        });
         let p = StreamParams {
             ops: ops.ptr(),
             stream: stream.ptr(),
@@ -289,6 +298,40 @@ pub(crate) struct StreamDebug {
 /// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
 /// same order with the same shapes and K splits (labels from `step_streams`). Returns the records
 /// and the number of GEMVs.
+/// What the streamed step's timeline dump needs beside the raw stamps.
+pub(crate) struct StreamTimeline {
+    /// u64 words of the profiled launch's timing buffer.
+    pub words: usize,
+    /// JSON: the operations (kernel, label), and every GEMV's cells per SM (`[first, end)` in
+    /// the SM's stream), for scripts/stream_timeline.py.
+    pub meta: String,
+}
+
+fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -> String {
+    let mut s = format!(
+        "{{\"n_ops\": {}, \"n_sm\": {grid}, \"stamps\": {STEP_STAMPS}, \"tl_chunks\": {STREAM_TL_CHUNKS}, \"tl_slots\": {STREAM_TL_SLOTS}, \"chunk_cells\": 16, \"ops\": [",
+        ops.len()
+    );
+    for (i, (kernel, label, _)) in ops.iter().enumerate() {
+        let sep = if i > 0 { ", " } else { "" };
+        s += &format!("{sep}[\"{kernel}\", \"{label}\"]");
+    }
+    s += "], \"gemv_cells\": [";
+    let shares: Vec<Vec<SmShare>> = (0..grid).map(|sm| streams.sm_shares(sm)).collect();
+    for (j, plan) in streams.ops.iter().enumerate() {
+        let sep = if j > 0 { ", " } else { "" };
+        let cells: Vec<String> = shares
+            .iter()
+            .map(|sh| {
+                let c0 = sh[j].first_cell as usize;
+                format!("[{c0}, {}]", c0 + sh[j].units as usize * plan.unit_groups())
+            })
+            .collect();
+        s += &format!("{sep}[{}]", cells.join(", "));
+    }
+    s + "]}"
+}
+
 fn stream_records(
     ops: &[(&str, &str, &[u64])],
     labels: &[&str],

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Where the streamed step's time goes, from every SM's view.
+
+Input: the dump of one profiled step of a build with SS_TIMELINE=1 (kernels/stream_step.cu),
+written by `profile_step` when HAYAI_STREAM_TIMELINE=FILE is set (FILE: raw u64 stamps,
+FILE.json: their layout). Example, on the GPU machine:
+
+    HAYAI_STREAM_TIMELINE=$OUT/tl.bin .gpu/gpu_check_tl bench-stream
+    python3 scripts/stream_timeline.py $OUT/tl.bin
+
+Per operation (summed over layers by label) the step's critical path is split at the SM that
+published last: the link (the previous operation's last publication to that SM's start), its
+prologue (start to quantized input, GEMVs only), its work, and how much of the work its ring
+made it wait (the last chunk holding its cells landed after its input was ready). Times in ms.
+"""
+import json
+import struct
+import sys
+from collections import OrderedDict
+from statistics import median
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    path = sys.argv[1]
+    meta = json.load(open(path + ".json"))
+    raw = open(path, "rb").read()
+    w = struct.unpack("<%dQ" % (len(raw) // 8), raw)
+    n, nsm, S, TLC, CC = meta["n_ops"], meta["n_sm"], meta["stamps"], meta["tl_chunks"], meta["chunk_cells"]
+    SL = meta.get("tl_slots", 4)
+    A = n * S
+    B = A + nsm * n * SL
+
+    def op(s, k, i):
+        return w[A + (s * n + k) * SL + i]
+
+    def chunk(s, c, i):
+        return w[B + (s * TLC + c) * 2 + i] if c < TLC else 0
+
+    if not any(op(s, k, 3) for s in range(nsm) for k in range(n)):
+        sys.exit("no per-SM stamps: was the binary built with HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1?")
+    t0 = min(op(s, 0, 1) for s in range(nsm))
+    gi, gemv_of = 0, {}
+    for k, (kernel, _) in enumerate(meta["ops"]):
+        if kernel == "gemv":
+            gemv_of[k] = gi
+            gi += 1
+    rows = OrderedDict()
+    crit_count = [0] * nsm
+    prev_last = t0
+    for k, (kernel, label) in enumerate(meta["ops"]):
+        done = [op(s, k, 3) for s in range(nsm)]
+        crit = max(range(nsm), key=lambda s: done[s])
+        crit_count[crit] += 1
+        ready, quant = op(crit, k, 1), op(crit, k, 2)
+        link = max(0, ready - prev_last)
+        prologue = max(0, quant - ready) if kernel == "gemv" and quant else 0
+        work = done[crit] - (quant if prologue else ready)
+        ring = 0
+        if kernel == "gemv":
+            c0, c1 = meta["gemv_cells"][gemv_of[k]][crit]
+            if c1 > c0:
+                landed = chunk(crit, (c1 - 1) // CC, 1)
+                start = quant if prologue else ready
+                ring = max(0, min(landed, done[crit]) - start) if landed else 0
+        earliest_ready = min(op(s, k, 1) for s in range(nsm))
+        r = rows.setdefault(label, [0, 0, 0, 0, 0, 0, 0, 0])
+        r[0] += 1
+        r[1] += done[crit] - prev_last
+        r[2] += link
+        r[3] += prologue
+        r[4] += work
+        r[5] += ring
+        r[6] += done[crit] - median(done)
+        r[7] += max(0, earliest_ready - prev_last)
+        prev_last = done[crit]
+    total = prev_last - t0
+    print(f"step (SM views): {total * 1e-6:.3f} ms over {n} operations on {nsm} SMs")
+    print(f"{'operation':<28}{'n':>4}{'span':>8}{'link':>8}{'first':>8}{'prolog':>8}{'work':>8}{'ring':>8}{'skew':>8}")
+    for label, r in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        ms = [x * 1e-6 for x in r[1:]]
+        print(f"{label:<28}{r[0]:>4}{ms[0]:8.3f}{ms[1]:8.3f}{ms[6]:8.3f}{ms[2]:8.3f}{ms[3]:8.3f}{ms[4]:8.3f}{ms[5]:8.3f}")
+    print("span: previous operation's last publication to this one's; link: to the last SM's start;"
+          " first: to the first SM's start; prolog/work: the last SM's; ring: of its work, waiting"
+          " for its last chunk; skew: the last SM's done minus the median SM's")
+    if SL >= 8:
+        # The GEMV prologue's phases on the SM that published last: inputs loaded, residual
+        # added, norm (to the prologue's end), quantized; then its cells and the rest.
+        sub = OrderedDict()
+        prev_last = t0
+        for k, (kernel, label) in enumerate(meta["ops"]):
+            done = [op(s, k, 3) for s in range(nsm)]
+            crit = max(range(nsm), key=lambda s: done[s])
+            if kernel == "gemv" and op(crit, k, 2):
+                st = [op(crit, k, i) for i in (1, 4, 5, 6, 2, 7, 3)]
+                r = sub.setdefault(label, [0] * 7)
+                r[0] += 1
+                for i in range(6):
+                    r[i + 1] += max(0, st[i + 1] - st[i])
+            prev_last = done[crit]
+        print(f"{'GEMV (last SM)':<28}{'n':>4}{'inputs':>8}{'resid':>8}{'norm':>8}{'quant':>8}{'cells':>8}{'store':>8}")
+        for label, r in sorted(sub.items(), key=lambda kv: -sum(kv[1][1:5])):
+            ms = [x * 1e-6 for x in r[1:]]
+            print(f"{label:<28}{r[0]:>4}" + "".join(f"{x:8.3f}" for x in ms))
+    top = sorted(range(nsm), key=lambda s: -crit_count[s])[:8]
+    print("SMs publishing last most often:", ", ".join(f"{s} ({crit_count[s]})" for s in top))
+    # The ring: time from issue to landing, and how far ahead of its use the producer ran.
+    lat = [chunk(s, c, 1) - chunk(s, c, 0) for s in range(nsm) for c in range(TLC)
+           if chunk(s, c, 0) and chunk(s, c, 1)]
+    if lat:
+        lat.sort()
+        q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] * 1e-3
+        print(f"chunk issue->landed (us): p10 {q(0.1):.2f} p50 {q(0.5):.2f} p90 {q(0.9):.2f} p99 {q(0.99):.2f}"
+              f" ({len(lat)} chunks)")
+
+
+if __name__ == "__main__":
+    main()
