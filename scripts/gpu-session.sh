@@ -13,6 +13,7 @@
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
+#         pending-next: the streamed step with SSA_MERGE2=1 (parity) and SS_PFD=16, A/B/A (~6 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -38,6 +39,10 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured (stage pending-next): the attention merge by lanes over outputs
+  # (SSA_MERGE2) and the producer pulling 16 chunks into L2 ahead instead of 8 (SS_PFD).
+  CARGO_TARGET_DIR=target/merge2 HAYAI_CUDA_DEFINES=-DSSA_MERGE2=1 cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/pfd16 HAYAI_CUDA_DEFINES=-DSS_PFD=16 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -45,7 +50,10 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl target/release/examples/gpu_check 2>/dev/null || true
+  cp target/merge2/release/examples/gpu_check .gpu/gpu_check_merge2
+  cp target/pfd16/release/examples/gpu_check .gpu/gpu_check_pfd16
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_merge2 .gpu/gpu_check_pfd16 \
+    target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
@@ -120,6 +128,20 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
+  if has pending-next; then
+    # Written after the thirteenth session's device time ran out: the attention merge with lanes
+    # over outputs (SSA_MERGE2=1: parity, also with one key row per tile) and a deeper L2
+    # look-ahead for the producer (SS_PFD=16), each A/B/A against the default build. Carry
+    # target/release/examples/gpu_check, .gpu/gpu_check_merge2, .gpu/gpu_check_pfd16 (~6 min).
+    stage "streamed step: SSA_MERGE2=1 and SS_PFD=16 against the default"
+    timeout 150 .gpu/gpu_check_merge2 stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/merge2 /' | tee -a "$out/session.log"
+    HAYAI_STREAM_ATTN_TK=1 timeout 150 .gpu/gpu_check_merge2 stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/merge2 TK=1 /' | tee -a "$out/session.log"
+    local c
+    for c in "$C" .gpu/gpu_check_merge2 .gpu/gpu_check_pfd16 "$C" .gpu/gpu_check_merge2 .gpu/gpu_check_pfd16; do
+      echo "-- $c" | tee -a "$out/session.log"
+      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (attention|gemv.gate_up)" | tee -a "$out/session.log"
+    done
+  fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
@@ -164,12 +186,23 @@ run() {
     for q in int4 bf16; do timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" --prompt-len 128 --gen 512 2>&1 | tee "$out/bench-$q.log" | grep -E "quant|prefill|decode|achieved|kernels" | tee -a "$out/session.log"; done
   fi
   if has demo; then stage "demo (real 270M, 128 x 512 + PPL)"; timeout 400 .gpu/hayai demo --model "$G" --device cuda > "$out/demo.log" 2>&1; tail -30 "$out/demo.log" | tee -a "$out/session.log"; fi
-  if has ppl; then stage "ppl (real 270M, 128 records, in-process)"; /usr/bin/time -f "wall %e s, cpu %U s" timeout 300 .gpu/hayai ppl --model "$G" --device cuda --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"; fi
+  if has ppl; then
+    stage "ppl (real 270M, 128 records, in-process)"
+    /usr/bin/time -f "wall %e s, cpu %U s" timeout 300 .gpu/hayai ppl --model "$G" --device cuda --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"
+    # int4 scored token by token through the decode step (`--prefill stepwise`; the batched
+    # prefill scores on tensor-core GEMMs, not the decode step): the launch plan (W4A16) and the
+    # streamed step (W4A8), the PPL gate's view before the streamed step can become the default.
+    local v
+    for v in "--quant int4" "--quant int4 --prefill stepwise" "--quant int4 --prefill stepwise --streamed-step"; do
+      echo "-- $v" | tee -a "$out/session.log"
+      timeout 300 .gpu/hayai ppl --model "$G" --device cuda $v --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"
+    done
+  fi
   stage done
 }
 
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

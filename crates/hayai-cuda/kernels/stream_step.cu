@@ -36,7 +36,9 @@
 #define SS_CH 16                        // cells per ring chunk
 #define SS_MAXG 96                      // input groups: K <= 12,288
 #define SS_BAR 4                        // the consumers' named barrier (attention groups take 1-3)
+#ifndef SS_PFD
 #define SS_PFD 8                        // sm_90: chunks pulled into L2 ahead while the ring is full
+#endif
 #define SS_PSLEEP 300                   // sm_90: ns the idle producer sleeps on its oldest copy
 // SS_PRE_CST (default 1; -DSS_PRE_CST=0 builds without): a GEMV's residual and norm weights are
 // copied into shared memory before the wait for its input (the launch plan's `cst`), and its
@@ -416,6 +418,14 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // slice of the heads' outputs, so no SM reads all of a head's partials. Same arithmetic as
 // attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).
 #define SSA_MAXR 8  // query heads per KV head
+// SSA_MERGE2=1 (a measurement build, -DSSA_MERGE2=1; written after the thirteenth session's
+// device time ran out, not yet run, off): the merge with lanes over outputs and warps over
+// ranges, every partial requested before the range weights are known, so the merge costs about
+// one round trip instead of one per output a warp takes (see ssa_merge2).
+#ifndef SSA_MERGE2
+#define SSA_MERGE2 0
+#endif
+#define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge2
 
 struct SsaLayout {
     int r, hd, tk, S, chunk, n_keys, first, pos;
@@ -697,6 +707,78 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
     ct.sync();  // the area is free for the next item
 }
 
+// The merge of outputs [o0, o1) (SSA_MERGE2): 32 at a time, lane = output, warp w taking ranges
+// w, w + SS_NW, ...; each lane's partials are loaded before the weights are known. Warps 0-1 work
+// out a head's weights e_s = exp(m_s - max m) and l = sum(l_s e_s) (the same per-lane order and
+// warp sum as the merge below) into shared memory; each warp's sum over its ranges goes to
+// shared memory and warp 0 adds the warps' sums in order. `ws`: shared scratch of at least
+// 2 x ATTN_MAX_SPLITS + 2 + SS_NW x 32 floats (free after the ranges barrier).
+__device__ void ssa_merge2(const AttnParams& a, int hd, int S, int o0, int o1, float* ws) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const ConsumerThreads ct;
+    float* ew = ws;                             // [2][ATTN_MAX_SPLITS] the chunk's heads' weights
+    float* el = ws + 2 * ATTN_MAX_SPLITS;       // [2] their l
+    float* red = el + 2;                        // [SS_NW][32] the warps' sums
+    for (int c0 = o0; c0 < o1; c0 += 32) {
+        const int o = c0 + lane, h0 = c0 / hd;  // a chunk of 32 outputs spans at most two heads (hd >= 64)
+        const bool in = o < o1;
+        const int h = in ? o / hd : h0, d = o - h * hd;
+        float ps[SSA_MR];
+        const float* pa = a.part_acc + (size_t)h * ATTN_MAX_SPLITS * hd + d;
+#pragma unroll
+        for (int i = 0; i < SSA_MR; i++) {
+            const int s = warp + i * SS_NW;
+            ps[i] = in && s < S ? __ldcg(pa + (size_t)s * hd) : 0.f;
+        }
+        const int hl = min(c0 + 31, o1 - 1) / hd;  // the chunk's last head
+        if (warp <= hl - h0) {
+            const float* ml = a.part_ml + 2 * (size_t)(h0 + warp) * ATTN_MAX_SPLITS;
+            float ms[ATTN_MAX_SPLITS / 32], ls[ATTN_MAX_SPLITS / 32];
+#pragma unroll
+            for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++) {
+                const int s = lane + 32 * c;
+                if (s < S) {
+                    ms[c] = __ldcg(ml + 2 * s);
+                    ls[c] = __ldcg(ml + 2 * s + 1);
+                }
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++)
+                if (lane + 32 * c < S) mx = fmaxf(mx, ms[c]);
+            mx = warp_max(mx);
+            float l = 0.f;
+#pragma unroll
+            for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++) {
+                if (lane + 32 * c < S) {
+                    const float e = expf(ms[c] - mx);
+                    ew[warp * ATTN_MAX_SPLITS + lane + 32 * c] = e;
+                    l = fmaf(ls[c], e, l);
+                }
+            }
+            l = warp_sum(l);
+            if (lane == 0) el[warp] = l;
+        }
+        ct.sync();
+        float acc = 0.f;
+        const float* e = ew + (h - h0) * ATTN_MAX_SPLITS;
+#pragma unroll
+        for (int i = 0; i < SSA_MR; i++) {
+            const int s = warp + i * SS_NW;
+            if (in && s < S) acc = fmaf(ps[i], e[s], acc);
+        }
+        red[warp * 32 + lane] = acc;
+        ct.sync();
+        if (warp == 0 && in) {
+            float t = 0.f;
+#pragma unroll
+            for (int w = 0; w < SS_NW; w++) t += red[w * 32 + lane];
+            a.out[o] = t * (1.f / el[h - h0]);
+        }
+        ct.sync();  // the scratch is reused by the next chunk
+    }
+}
+
 // The whole operation on this SM (the first item's first tile requested by ssa_prestage).
 // Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
 // items done, 7 every SM's.
@@ -722,6 +804,10 @@ __device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, un
     const int hd = L.hd, S = L.S, total = a.nh * hd;
     const int per = (total + gridDim.x - 1) / gridDim.x;
     const int o0 = blockIdx.x * per, o1 = min(total, o0 + per);
+    if (SSA_MERGE2) {
+        ssa_merge2(a, hd, S, o0, o1, xs);
+        return;
+    }
     for (int o = o0 + warp; o < o1; o += SS_NW) {
         const int h = o / hd, d = o - h * hd;
         const float* ml = a.part_ml + 2 * (size_t)h * ATTN_MAX_SPLITS;
