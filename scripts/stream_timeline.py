@@ -103,6 +103,23 @@ def main():
         for label, r in sorted(sub.items(), key=lambda kv: -sum(kv[1][1:5])):
             ms = [x * 1e-6 for x in r[1:]]
             print(f"{label:<28}{r[0]:>4}" + "".join(f"{x:8.3f}" for x in ms))
+        # Attention's phases on the SM that finished it last (builds that stamp them: slots 4-6
+        # = its first item's inputs ready, its items done, every SM's ranges stored).
+        att = [0] * 5
+        for k, (kernel, label) in enumerate(meta["ops"]):
+            if kernel != "attn_split":
+                continue
+            done = [op(s, k, 3) for s in range(nsm)]
+            crit = max(range(nsm), key=lambda s: done[s])
+            st = [op(crit, k, i) for i in (1, 4, 5, 6, 3)]
+            if all(st):
+                att[0] += 1
+                for i in range(4):
+                    att[i + 1] += max(0, st[i + 1] - st[i])
+        if att[0]:
+            ms = [x * 1e-6 for x in att[1:]]
+            print(f"{'attention (last SM)':<28}{att[0]:>4}  inputs {ms[0]:.3f}  items {ms[1]:.3f}"
+                  f"  ranges barrier {ms[2]:.3f}  merge {ms[3]:.3f}")
     top = sorted(range(nsm), key=lambda s: -crit_count[s])[:8]
     print("SMs publishing last most often:", ", ".join(f"{s} ({crit_count[s]})" for s in top))
     # The ring: time from issue to landing, and how far ahead of its use the producer ran.
