@@ -51,7 +51,8 @@
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
 // (before the publication), and for a GEMV its prologue's inputs loaded, residual added, prologue
-// done, cells done; then per ring chunk [2] = the producer issued it, saw it land (SS_TL_CHUNKS
+// done, cells done (for attention: its first item's inputs ready, its items done, every SM's
+// ranges stored); then per ring chunk [2] = the producer issued it, saw it land (SS_TL_CHUNKS
 // chunks per SM at most). The host writes them out (HAYAI_STREAM_TIMELINE) for
 // scripts/stream_timeline.py.
 #ifndef SS_TIMELINE
@@ -598,7 +599,8 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
 }
 
 // One item: KV head g, keys [k0, k1), its first tile already requested when `staged`.
-__device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps) {
+__device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps,
+                         unsigned long long* tl) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hd = L.hd, r = L.r;
     const ConsumerThreads ct;
     const int g = it / L.S, j = it % L.S;
@@ -626,6 +628,7 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
         cp_async_wait<0>();
         ct.sync();
         if (t0 == k0 && it == 0) stamp_at(stamps, 6);
+        if (t0 == k0 && staged) ss_tl_at(tl, 4);
         // Scores: a warp per key, each K row read once for four query heads at a time; per head
         // as attn_item's (lane float4s 128 apart, then warp_sum).
         for (int jj = warp; jj < nt; jj += SS_NW) {
@@ -783,13 +786,14 @@ __device__ void ssa_merge2(const AttnParams& a, int hd, int S, int o0, int o1, f
 // Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
 // items done, 7 every SM's.
 __device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, unsigned* adone,
-                       unsigned target, unsigned long long* stamps) {
+                       unsigned target, unsigned long long* stamps, unsigned long long* tl) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const ConsumerThreads ct;
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max);
     const int items = a.nkv * L.S;
-    for (int it = blockIdx.x; it < items; it += gridDim.x) ssa_item(a, L, it, it == (int)blockIdx.x, stamps);
+    for (int it = blockIdx.x; it < items; it += gridDim.x) ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl);
     stamp_at(stamps, 1);
+    ss_tl_at(tl, 5);
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
     ct.sync();
     if (tid == 0) {
@@ -798,6 +802,7 @@ __device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, un
     }
     ct.sync();
     stamp_at(stamps, 7);
+    ss_tl_at(tl, 6);
     // This SM's slice of the nh * hd outputs, a warp per output, lanes over ranges: each lane's
     // ranges' m, l and partial loaded together, then out = sum(acc_s e_s) / sum(l_s e_s) with
     // e_s = exp(m_s - max m) (attn_combine_head's terms, summed in another order).
@@ -925,7 +930,7 @@ __device__ void stream_body(const StreamParams& P) {
         if (kind == STEP_GEMV) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
-            ssa_op(op.a, xs, avail, P.attn_tk, P.done + P.n_ops + k, target, stamps);
+            ssa_op(op.a, xs, avail, P.attn_tk, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
