@@ -293,11 +293,6 @@ pub(crate) struct StreamDebug {
     launch: Launch,
 }
 
-/// The plan's launches `(kernel, label, parameters)` as the streamed step's operation records
-/// (kernels/step.cu `StepOp`: kind, then for a GEMV its ordinal among the GEMVs, which indexes
-/// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
-/// same order with the same shapes and K splits (labels from `step_streams`). Returns the records
-/// and the number of GEMVs.
 /// What the streamed step's timeline dump needs beside the raw stamps.
 pub(crate) struct StreamTimeline {
     /// u64 words of the profiled launch's timing buffer.
@@ -332,6 +327,11 @@ fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -
     s + "]}"
 }
 
+/// The plan's launches `(kernel, label, parameters)` as the streamed step's operation records
+/// (kernels/step.cu `StepOp`: kind, then for a GEMV its ordinal among the GEMVs, which indexes
+/// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
+/// same order with the same shapes and K splits (labels from `step_streams`). Returns the records
+/// and the number of GEMVs.
 fn stream_records(
     ops: &[(&str, &str, &[u64])],
     labels: &[&str],
@@ -456,6 +456,44 @@ mod tests {
         spec.layers[1].head_dim = 96;
         let e = stream_x_floats(&spec, 384).unwrap_err().to_string();
         assert!(e.contains("head dim 96"), "{e}");
+    }
+
+    #[test]
+    fn timeline_meta_names_every_operation_and_each_sms_cells() {
+        use crate::stream_layout::{build, StreamOp, Weights};
+        let m = crate::quant::quantize_int4(&hayai_model::weights::Matrix::from_f32(
+            48,
+            256,
+            (0..48 * 256).map(|i| (i % 7) as f32 - 3.0).collect(),
+        ));
+        let st = build(
+            &[StreamOp {
+                weights: Weights::Int4(&m),
+                whole: false,
+            }],
+            3,
+            4,
+        )
+        .unwrap();
+        let w = [0u64; 4];
+        let ops = [
+            ("gemv", "gemv.o", &w[..]),
+            ("argmax_stage1", "argmax", &w[..]),
+        ];
+        let meta = timeline_meta(&ops, &st, 3);
+        assert!(meta.starts_with("{\"n_ops\": 2, \"n_sm\": 3, "), "{meta}");
+        assert!(meta.contains("\"ops\": [[\"gemv\", \"gemv.o\"], [\"argmax_stage1\", \"argmax\"]]"));
+        // One GEMV, three SMs: each SM's [first, end) cells, together all of them.
+        let cells = meta.split("\"gemv_cells\": ").nth(1).unwrap();
+        let nums: Vec<usize> = cells
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|t| !t.is_empty())
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert_eq!(nums.len(), 6);
+        let total: usize = nums.chunks(2).map(|p| p[1] - p[0]).sum();
+        assert_eq!(total, st.ops[0].units() * st.ops[0].unit_groups());
+        assert!(meta.ends_with("]]}"));
     }
 
     #[test]
