@@ -427,6 +427,15 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #define SSA_MERGE2 0
 #endif
 #define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge2
+// SSA_ONE_ITEM=1 (a measurement build, -DSSA_ONE_ITEM=1; written after the thirteenth session's
+// device time ran out, not yet run, off): never more ranges than SMs. Where the staging area's
+// rows would make more (E4B's global layers at 640 keys: 80 ranges of 8 rows per KV head, 160
+// items on 132 SMs), ranges get longer instead (66 of 10 rows: a second tile of 2 rows loaded
+// after the first's p.V) so no SM runs a second whole item (the timeline: global layers' attention
+// 24.5 µs against 13.5 for sliding ones).
+#ifndef SSA_ONE_ITEM
+#define SSA_ONE_ITEM 0
+#endif
 
 struct SsaLayout {
     int r, hd, tk, S, chunk, n_keys, first, pos;
@@ -448,7 +457,8 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
     const int fixed = (2 * L.r + 3) * L.hd + 4 * SSA_MAXR + 4;
     L.tk = (avail - fixed) / (2 * L.hd + L.r);  // >= 1 (checked by the host: stream_config)
     if (tk_max > 0) L.tk = min(L.tk, tk_max);
-    const int s0 = min((L.n_keys + L.tk - 1) / L.tk, ATTN_MAX_SPLITS);
+    int s0 = min((L.n_keys + L.tk - 1) / L.tk, ATTN_MAX_SPLITS);
+    if (SSA_ONE_ITEM) s0 = min(s0, max(1, (int)gridDim.x / a.nkv));
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
     float* p = xs;
