@@ -13,8 +13,8 @@
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-next: the streamed step with SSA_MERGE2=1 and with SSA_ONE_ITEM=1 (parity, A/B/A;
-#         ~8 min); pending-pfd: with SS_PFD=16 (A/B/A; ~4 min);
+#         pending-next: the streamed step with SSA_POS_SMEM=1, SS_BULK=1 and both (parity, then
+#         one A/B round; ~8 min); pending-next2: the second round (~4 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -40,12 +40,12 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stages pending-next, pending-pfd): the attention merge by lanes over outputs
-  # (SSA_MERGE2), at most one attention item per SM (SSA_ONE_ITEM), and the producer pulling 16
-  # chunks into L2 ahead instead of 8 (SS_PFD).
-  CARGO_TARGET_DIR=target/merge2 HAYAI_CUDA_DEFINES=-DSSA_MERGE2=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/oneitem HAYAI_CUDA_DEFINES=-DSSA_ONE_ITEM=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/pfd16 HAYAI_CUDA_DEFINES=-DSS_PFD=16 cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured (stages pending-next, pending-next2): the attention's position read once per
+  # launch and its first tile requested a warp per row (SSA_POS_SMEM); the copies before a wait
+  # as bulk copies on an mbarrier (SS_BULK, sm_90); both.
+  CARGO_TARGET_DIR=target/possmem HAYAI_CUDA_DEFINES=-DSSA_POS_SMEM=1 cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/bulk HAYAI_CUDA_DEFINES=-DSS_BULK=1 cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/bulkpos HAYAI_CUDA_DEFINES="-DSS_BULK=1 -DSSA_POS_SMEM=1" cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -53,10 +53,10 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  cp target/merge2/release/examples/gpu_check .gpu/gpu_check_merge2
-  cp target/oneitem/release/examples/gpu_check .gpu/gpu_check_oneitem
-  cp target/pfd16/release/examples/gpu_check .gpu/gpu_check_pfd16
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_merge2 .gpu/gpu_check_oneitem .gpu/gpu_check_pfd16 \
+  cp target/possmem/release/examples/gpu_check .gpu/gpu_check_possmem
+  cp target/bulk/release/examples/gpu_check .gpu/gpu_check_bulk
+  cp target/bulkpos/release/examples/gpu_check .gpu/gpu_check_bulkpos
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_possmem .gpu/gpu_check_bulk .gpu/gpu_check_bulkpos \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -132,31 +132,23 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
-  if has pending-next; then
-    # Written after the thirteenth session's device time ran out: the attention merge with lanes
-    # over outputs (SSA_MERGE2=1) and at most one attention item per SM (SSA_ONE_ITEM=1): their
-    # parity (sums in another order: within tolerance, not identical), with one key row per tile
-    # for the item cap (multi-tile ranges), then A/B/A against the default build. Carry
-    # target/release/examples/gpu_check, .gpu/gpu_check_merge2, .gpu/gpu_check_oneitem (~8 min).
-    stage "streamed step: SSA_MERGE2=1 and SSA_ONE_ITEM=1 against the default"
+  if has pending-next || has pending-next2; then
+    # The attention's position read once per launch with its first tile requested a warp per row
+    # (SSA_POS_SMEM=1), the copies before a wait as bulk copies (SS_BULK=1), and both, against
+    # the default: parity (same sums: the figures must not move), then A/B rounds. Carry
+    # target/release/examples/gpu_check, .gpu/gpu_check_possmem, .gpu/gpu_check_bulk,
+    # .gpu/gpu_check_bulkpos (kept between calls on a warm machine).
     local c
-    for c in merge2 oneitem; do
-      timeout 150 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL" | sed "s/^/$c /" | tee -a "$out/session.log"
-    done
-    HAYAI_STREAM_ATTN_TK=1 timeout 150 .gpu/gpu_check_oneitem stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/oneitem TK=1 /' | tee -a "$out/session.log"
-    for c in "$C" .gpu/gpu_check_merge2 .gpu/gpu_check_oneitem "$C" .gpu/gpu_check_merge2 .gpu/gpu_check_oneitem; do
+    if has pending-next; then
+      stage "streamed step: SSA_POS_SMEM=1, SS_BULK=1, both: parity"
+      for c in possmem bulk bulkpos; do
+        timeout 150 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
+      done
+    fi
+    stage "streamed step: SSA_POS_SMEM=1, SS_BULK=1, both: A/B round"
+    for c in "$C" .gpu/gpu_check_possmem .gpu/gpu_check_bulk .gpu/gpu_check_bulkpos; do
       echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  attention" | tee -a "$out/session.log"
-    done
-  fi
-  if has pending-pfd; then
-    # The producer's L2 look-ahead at 16 chunks (SS_PFD=16) against 8, A/B/A (gate/up's ring
-    # waits). Carry target/release/examples/gpu_check, .gpu/gpu_check_pfd16 (~4 min).
-    stage "streamed step: SS_PFD=16 against the default"
-    local c
-    for c in "$C" .gpu/gpu_check_pfd16 "$C" .gpu/gpu_check_pfd16; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  gemv.gate_up" | tee -a "$out/session.log"
+      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  attention|^  gemv" | tee -a "$out/session.log"
     done
   fi
   if has timeline; then
@@ -221,5 +213,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-pfd] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -12,6 +12,9 @@ Per operation (summed over layers by label) the step's critical path is split at
 published last: the link (the previous operation's last publication to that SM's start), its
 prologue (start to quantized input, GEMVs only), its work, and how much of the work its ring
 made it wait (the last chunk holding its cells landed after its input was ready). Times in ms.
+Then the links from every SM's view (µs): when SMs were ready and began waiting after the
+previous operation's last publication, and how long each took from its own publication to its
+next wait.
 """
 import json
 import struct
@@ -120,6 +123,25 @@ def main():
             ms = [x * 1e-6 for x in att[1:]]
             print(f"{'attention (last SM)':<28}{att[0]:>4}  inputs {ms[0]:.3f}  items {ms[1]:.3f}"
                   f"  ranges barrier {ms[2]:.3f}  merge {ms[3]:.3f}")
+    # The link from every SM's view: per operation (medians over layers, µs after the previous
+    # operation's last publication P) when the first, median and last SM were ready, when the
+    # last and median SM began waiting, and each SM's own publication to its next wait (what it
+    # does between operations: a GEMV's release, an attention's prestage).
+    links = OrderedDict()
+    for k in range(1, n):
+        label = meta["ops"][k][1]
+        last_pub = max(op(s, k - 1, 3) for s in range(nsm))
+        ready = sorted(op(s, k, 1) - last_pub for s in range(nsm))
+        wait = sorted(op(s, k, 0) - last_pub for s in range(nsm))
+        own = sorted(op(s, k, 0) - op(s, k - 1, 3) for s in range(nsm))
+        links.setdefault(label, []).append(
+            (ready[0], median(ready), ready[-1], median(wait), wait[-1], own[0], median(own), own[-1]))
+    print(f"{'link (us after P)':<28}{'n':>4}{'ready:':>8}{'first':>6}{'median':>7}{'last':>6}"
+          f"{'wait:':>7}{'median':>7}{'last':>6}{'own:':>6}{'min':>6}{'median':>7}{'max':>6}")
+    for label, v in links.items():
+        m = [median(x[i] for x in v) * 1e-3 for i in range(8)]
+        print(f"{label:<28}{len(v):>4}{'':>8}{m[0]:6.2f}{m[1]:7.2f}{m[2]:6.2f}{'':>7}{m[3]:7.2f}{m[4]:6.2f}"
+              f"{'':>6}{m[5]:6.2f}{m[6]:7.2f}{m[7]:6.2f}")
     top = sorted(range(nsm), key=lambda s: -crit_count[s])[:8]
     print("SMs publishing last most often:", ", ".join(f"{s} ({crit_count[s]})" for s in top))
     # The ring: time from issue to landing, and how far ahead of its use the producer ran.

@@ -119,6 +119,17 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Waits until the shared-memory mbarrier `bar` has completed the phase of parity `parity`.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    unsigned ok = 0;
+    while (!ok)
+        asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok)
+                     : "r"(b), "r"(parity)
+                     : "memory");
+}
+
 // Nanoseconds of the GPU's global timer (profiling stamps).
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;

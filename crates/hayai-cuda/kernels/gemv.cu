@@ -113,11 +113,14 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // PENDING: cp.async groups committed after the constants' that may stay in flight (a caller's
 // own weight copies). G: the threads that run it (a whole block, or a group with its own named
 // barrier beside warps that never join it, as a streamed step's producer warp). tl: the streamed
-// step's per-SM timeline slots (kernels/stream_step.cu SS_TIMELINE; null elsewhere).
+// step's per-SM timeline slots (kernels/stream_step.cu SS_TIMELINE; null elsewhere). cst_bar:
+// where `cst`'s constants come by bulk copy instead (the streamed step's SS_BULK), the mbarrier
+// whose phase `cst_par` they complete.
 template <bool STEP = false, int PENDING = 0, class G = BlockThreads>
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store,
                               unsigned long long* stamps = nullptr, int j0 = 0, int j1 = -1,
-                              float* cst = nullptr, G g = G(), unsigned long long* tl = nullptr) {
+                              float* cst = nullptr, G g = G(), unsigned long long* tl = nullptr,
+                              uint64_t* cst_bar = nullptr, unsigned cst_par = 0) {
     const int n4 = p.cols >> 2;
     const bool early_res = cst && p.res_in;
     const bool whole = j1 < 0 || p.res_in || p.norm_w || p.res_out;
@@ -224,45 +227,6 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
                 const float sc = p.gather_scale;
                 v = make_float4(bf16_lo(b.x) * sc, bf16_hi(b.x) * sc, bf16_lo(b.y) * sc, bf16_hi(b.y) * sc);
                 if (first && p.res_out) ((float4*)p.res_out)[j] = v;
-            } else if (STEP && p.in_glu) {
-                // Partials requested four splits at a time, added in split order.
-                float4 a = ((const float4*)p.in)[2 * j], b = ((const float4*)p.in)[2 * j + 1];
-                for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
-                    float4 c[4], d[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        if (s0 + k < p.in_splits) {
-                            const float4* q = (const float4*)(p.in + (size_t)(s0 + k) * p.in_ld);
-                            c[k] = q[2 * j];
-                            d[k] = q[2 * j + 1];
-                        }
-                    }
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        if (s0 + k < p.in_splits) {
-                            a.x += c[k].x; a.y += c[k].y; a.z += c[k].z; a.w += c[k].w;
-                            b.x += d[k].x; b.y += d[k].y; b.z += d[k].z; b.w += d[k].w;
-                        }
-                    }
-                }
-                v = make_float4(gelu_tanh(a.x) * a.y, gelu_tanh(a.z) * a.w, gelu_tanh(b.x) * b.y,
-                                gelu_tanh(b.z) * b.w);
-            } else if (STEP) {
-                // Partials requested four at a time (a memory round trip per four splits, not per
-                // split), added in split order.
-                v = ((const float4*)p.in)[j];
-                for (int s0 = 1; s0 < p.in_splits; s0 += 4) {
-                    float4 u[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        if (s0 + k < p.in_splits) u[k] = ((const float4*)(p.in + (size_t)(s0 + k) * p.in_ld))[j];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        if (s0 + k < p.in_splits) {
-                            v.x += u[k].x; v.y += u[k].y; v.z += u[k].z; v.w += u[k].w;
-                        }
-                    }
-                }
             } else {
                 v = ((const float4*)p.in)[j];
                 for (int s = 1; s < p.in_splits; s++) {
@@ -283,6 +247,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
     if (STEP) stamp_at(stamps, 1);
     if (STEP && tl && g.t() == 0) tl[4] = global_ns();
     if (cst) cp_async_wait<PENDING>();  // the norm weights (block_sum's barrier publishes them)
+    if (cst_bar) mbar_wait(cst_bar, cst_par);
     const int n = p.cols;
     const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
     const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);

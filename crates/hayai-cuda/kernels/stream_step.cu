@@ -47,6 +47,21 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
+// SS_BULK=1 (a measurement build, -DSS_BULK=1; sm_90 only, not yet run, off): the copies issued
+// before an operation's wait go as bulk copies by one thread (SS_BULK_T) on an mbarrier instead
+// of 16-byte cp.async by every thread: a GEMV's residual and norm weights, an attention's first
+// tile. The timeline: an SM begins its wait 1.06-1.15 us after its own publication before a GEMV
+// with such constants (gate/up, QKV, PLE gate), 0.67-0.83 before one without, and 3.2 us before
+// an attention it has items of (its tile: ~2,500 requests).
+#ifndef SS_BULK
+#define SS_BULK 0
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SS_BULK_ON SS_BULK
+#else
+#define SS_BULK_ON 0
+#endif
+#define SS_BULK_T 96  // warp 3's first lane (warps 0-2 stage the poll, the records and the shares)
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -82,9 +97,10 @@ struct StreamParams {
     int n_ops, n_gemv;
     int x_floats;                   // shared floats of the GEMV input x (or attention scratch)
     int attn_tk;                    // > 0: at most this many key rows per attention tile (checks)
+    const int* pos;                 // the step's position (step_io[1]; every attention's `pos`)
 };
 
-static_assert(sizeof(StreamParams) == 72, "StreamParams is mirrored by the host");
+static_assert(sizeof(StreamParams) == 80, "StreamParams is mirrored by the host");
 
 // The consumer warps as a thread group (gemv_prologue, group_sum) with their own barrier.
 struct ConsumerThreads {
@@ -116,6 +132,27 @@ __device__ __forceinline__ bool ss_mbar_done(uint64_t* b, unsigned parity) {
                  : "r"(ss_smem(b)), "r"(parity)
                  : "memory");
     return ok != 0;
+}
+
+// A bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) completing on `bar`,
+// and the arrival that expects them (SS_BULK; sm_90).
+__device__ __forceinline__ void ss_bulk(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     ss_smem(dst)),
+                 "l"(src), "r"(bytes), "r"(ss_smem(bar))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void ss_expect(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The area's earlier generic-proxy accesses (ordered before this by the consumers' barrier)
+    // before the bulk copies' writes.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(ss_smem(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
 }
 
 // SS_TIMELINE: this SM's slots of operation k, and of ring chunk c (null: not recording).
@@ -296,26 +333,42 @@ struct SsShared {
 // Where a GEMV's prologue constants go (gemv_prologue's `cst`: the residual input, its weight,
 // the norm weight, `cols` floats each after x), null when SS_PRE_CST is off, the prologue has none
 // or they do not fit.
+__device__ __forceinline__ bool ss_cst_on(const GemvParams& g, int x_floats) {
+    return SS_PRE_CST && (g.res_in || g.norm_w) && 4 * g.cols <= x_floats;
+}
 __device__ __forceinline__ float* ss_cst(const GemvParams& g, float* xs, int x_floats) {
-    return SS_PRE_CST && (g.res_in || g.norm_w) && 4 * g.cols <= x_floats ? xs + g.cols : nullptr;
+    return ss_cst_on(g, x_floats) ? xs + g.cols : nullptr;
+}
+// SS_BULK: the bytes of constants a GEMV's bulk copies bring (0: none, nothing to wait for).
+__device__ __forceinline__ unsigned ss_cst_bytes(const GemvParams& g, int x_floats) {
+    return SS_BULK_ON && ss_cst_on(g, x_floats) ? (g.res_w ? 4u * g.cols : 0u) + (g.norm_w ? 4u * g.cols : 0u) : 0u;
 }
 // Before the wait: the prologue's weights into `cst` (gemv_constants_async by the consumer
-// warps, each thread the columns it handles in gemv_prologue).
-__device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* xs, int x_floats) {
+// warps, each thread the columns it handles in gemv_prologue; SS_BULK: two bulk copies on `bar`).
+__device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* xs, int x_floats, uint64_t* bar) {
     float* cst = ss_cst(g, xs, x_floats);
     if (!cst) return;
+#if SS_BULK_ON
+    const unsigned bytes = ss_cst_bytes(g, x_floats);
+    if (threadIdx.x == SS_BULK_T && bytes) {
+        ss_expect(bar, bytes);
+        if (g.res_w) ss_bulk(cst + g.cols, g.res_w, 4u * g.cols, bar);
+        if (g.norm_w) ss_bulk(cst + 2 * g.cols, g.norm_w, 4u * g.cols, bar);
+    }
+#else
     const ConsumerThreads ct;
     for (int j = ct.t(); j < (g.cols >> 2); j += ct.n()) {
         if (g.res_w) cp_async16(cst + g.cols + 4 * j, g.res_w + 4 * j);
         if (g.norm_w) cp_async16(cst + 2 * g.cols + 4 * j, g.norm_w + 4 * j);
     }
     cp_async_commit();
+#endif
 }
 
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats, unsigned long long* tl) {
+                        int x_floats, unsigned long long* tl, uint64_t* cst_bar, unsigned cst_par) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -325,7 +378,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
-                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl,
+                                            ss_cst_bytes(g, x_floats) ? cst_bar : nullptr, cst_par);
     ss_tl_at(tl, 6);
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
@@ -419,22 +473,14 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // slice of the heads' outputs, so no SM reads all of a head's partials. Same arithmetic as
 // attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).
 #define SSA_MAXR 8  // query heads per KV head
-// SSA_MERGE2=1 (a measurement build, -DSSA_MERGE2=1; written after the thirteenth session's
-// device time ran out, not yet run, off): the merge with lanes over outputs and warps over
-// ranges, every partial requested before the range weights are known, so the merge costs about
-// one round trip instead of one per output a warp takes (see ssa_merge2).
-#ifndef SSA_MERGE2
-#define SSA_MERGE2 0
-#endif
-#define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge2
-// SSA_ONE_ITEM=1 (a measurement build, -DSSA_ONE_ITEM=1; written after the thirteenth session's
-// device time ran out, not yet run, off): never more ranges than SMs. Where the staging area's
-// rows would make more (E4B's global layers at 640 keys: 80 ranges of 8 rows per KV head, 160
-// items on 132 SMs), ranges get longer instead (66 of 10 rows: a second tile of 2 rows loaded
-// after the first's p.V) so no SM runs a second whole item (the timeline: global layers' attention
-// 24.5 µs against 13.5 for sliding ones).
-#ifndef SSA_ONE_ITEM
-#define SSA_ONE_ITEM 0
+#define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge
+// SSA_POS_SMEM=1 (a measurement build, -DSSA_POS_SMEM=1; not yet run on its own, off): the step's
+// position read once at the kernel's start instead of by every attention's prestage (a round trip
+// before the wait on every SM), and the first tile's requests issued a warp per row (no division
+// per 16 bytes). The timeline: an SM with attention items began its wait 3.2 us after its own
+// publication, one without 1.2 us (a GEMV's: 0.7 us).
+#ifndef SSA_POS_SMEM
+#define SSA_POS_SMEM 0
 #endif
 
 struct SsaLayout {
@@ -443,22 +489,22 @@ struct SsaLayout {
 };
 
 // The operation's split of the keys and its shared-memory layout in `avail` floats at xs:
-// q[r][hd] (normed, rotated), o[r][hd] (p.V accumulators), the fresh k and v, RoPE's cosines and
-// sines at pos, per head m, l and the tile's correction, scores [r][tk], then tk rows of K and
-// of V. `pos` (step_io) was written by the previous step or the host, so this may run before
-// the wait. Mirrored by the host's size check (runner/stream.rs `stream_config`).
-__device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, int avail, int tk_max) {
+// q[r][hd] (normed, rotated), o[r][hd] (p.V accumulators), the fresh k and v, RoPE's
+// cosines and sines at pos, per head m, l and the tile's correction, scores [r][tk], then tk rows of K and
+// of V. The position (step_io, `pos` with SSA_POS_SMEM, read at the kernel's start) was written
+// by the previous step or the host (the step's last operation advances it), so this may run
+// before the wait. Mirrored by the host's size check (runner/stream.rs `stream_config`).
+__device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
     SsaLayout L;
     L.r = a.nh / a.nkv;
     L.hd = a.hd;
-    L.pos = *a.pos;
+    L.pos = SSA_POS_SMEM ? pos : *a.pos;
     L.n_keys = a.window > 0 ? min(L.pos + 1, a.window) : L.pos + 1;
     L.first = L.pos + 1 - L.n_keys;
     const int fixed = (2 * L.r + 3) * L.hd + 4 * SSA_MAXR + 4;
     L.tk = (avail - fixed) / (2 * L.hd + L.r);  // >= 1 (checked by the host: stream_config)
     if (tk_max > 0) L.tk = min(L.tk, tk_max);
     int s0 = min((L.n_keys + L.tk - 1) / L.tk, ATTN_MAX_SPLITS);
-    if (SSA_ONE_ITEM) s0 = min(s0, max(1, (int)gridDim.x / a.nkv));
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
     float* p = xs;
@@ -487,11 +533,50 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
 // Rows [kb, kb + nr) of KV head g into the tile: phase 0 every row but the newest (written by
 // earlier steps: may be requested before the wait), by cp.async; phase 1 the newest, from the
 // fresh k/v this item computed (own cache) or from the cache its donor wrote in this step.
-__device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh) {
+// SS_BULK (`bar` non-null, phase 0 only): the rows as bulk copies by one thread, one per run of
+// consecutive cache slots (split where the ring wraps and at the newest row), on `bar`.
+__device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh,
+                          uint64_t* bar = nullptr) {
     const int tid = threadIdx.x, hd = L.hd, c4 = hd >> 2;
     const float* K = a.k_cache + (size_t)g * a.cap * hd;
     const float* V = a.v_cache + (size_t)g * a.cap * hd;
+    if (SS_BULK_ON && bar) {
+        if (tid == SS_BULK_T) {
+            const int base = L.first + kb, skip = L.pos - base;  // the newest row: phase 1's
+            const unsigned row_bytes = 4u * hd;
+            ss_expect(bar, 2u * row_bytes * (unsigned)(nr - (skip >= 0 && skip < nr ? 1 : 0)));
+            for (int r = 0; r < nr;) {
+                if (r == skip) {
+                    r++;
+                    continue;
+                }
+                const int slot = (base + r) % a.cap;
+                int end = min(nr, r + (a.cap - slot));
+                if (skip > r && skip < end) end = skip;
+                const unsigned bytes = row_bytes * (unsigned)(end - r);
+                ss_bulk(L.kt + r * hd, K + (size_t)slot * hd, bytes, bar);
+                ss_bulk(L.vt + r * hd, V + (size_t)slot * hd, bytes, bar);
+                r = end;
+            }
+        }
+        return;
+    }
     if (phase == 0) {
+#if SSA_POS_SMEM
+        // A warp per row: the row's ring slot worked out once, not per 16 bytes (the requests
+        // are issued before the previous operation's wait, where their instructions count).
+        const int warp = tid >> 5, lane = tid & 31;
+        for (int row = warp; row < nr; row += SS_NW) {
+            const int kp = L.first + kb + row;
+            if (kp == L.pos) continue;
+            const size_t src = (size_t)(kp % a.cap) * hd;
+            for (int i = lane; i < 2 * c4; i += 32) {
+                const bool isv = i >= c4;
+                const int c = isv ? i - c4 : i;
+                cp_async16((isv ? L.vt : L.kt) + row * hd + 4 * c, (isv ? V : K) + src + 4 * c);
+            }
+        }
+#else
         for (int i = tid; i < nr * 2 * c4; i += SS_NW * 32) {
             const int row = i / (2 * c4), rem = i - row * 2 * c4;
             const int kp = L.first + kb + row;
@@ -500,6 +585,7 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
             const int c = isv ? rem - c4 : rem;
             cp_async16((isv ? L.vt : L.kt) + row * hd + 4 * c, (isv ? V : K) + (size_t)(kp % a.cap) * hd + 4 * c);
         }
+#endif
         cp_async_commit();
         return;
     }
@@ -518,15 +604,19 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
 }
 
 // Before the wait: RoPE's cosines and sines at pos (as norm_rope_heads computes them) and the
-// first item's first tile (everything but the newest row).
-__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max) {
-    const SsaLayout L = ssa_layout(a, xs, avail, tk_max);
+// first item's first tile (everything but the newest row). (Worked out after the wait instead,
+// while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
+// SSA_POS_SMEM's changes, attention inputs 0.142 -> 0.185 ms a step; docs/performance.md.)
+// SS_BULK: the tile by bulk copies on `bar`; returns whether it did (a phase to wait for).
+__device__ bool ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, uint64_t* bar) {
+    const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int it = blockIdx.x;
-    if (it >= a.nkv * L.S) return;
+    if (it >= a.nkv * L.S) return false;
     for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
-    ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false);
+    ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false, SS_BULK_ON ? bar : nullptr);
+    return SS_BULK_ON;
 }
 
 // The query heads of KV head g (and, for the item holding the newest key of its own cache, that
@@ -610,7 +700,7 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
 
 // One item: KV head g, keys [k0, k1), its first tile already requested when `staged`.
 __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps,
-                         unsigned long long* tl) {
+                         unsigned long long* tl, uint64_t* tile_bar, unsigned tile_par) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hd = L.hd, r = L.r;
     const ConsumerThreads ct;
     const int g = it / L.S, j = it % L.S;
@@ -636,6 +726,7 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
         }
         ssa_stage(a, L, g, t0, nt, 1, fresh);
         cp_async_wait<0>();
+        if (SS_BULK_ON && staged && t0 == k0) mbar_wait(tile_bar, tile_par);  // ssa_prestage's bulk copies
         ct.sync();
         if (t0 == k0 && it == 0) stamp_at(stamps, 6);
         if (t0 == k0 && staged) ss_tl_at(tl, 4);
@@ -720,13 +811,15 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
     ct.sync();  // the area is free for the next item
 }
 
-// The merge of outputs [o0, o1) (SSA_MERGE2): 32 at a time, lane = output, warp w taking ranges
-// w, w + SS_NW, ...; each lane's partials are loaded before the weights are known. Warps 0-1 work
-// out a head's weights e_s = exp(m_s - max m) and l = sum(l_s e_s) (the same per-lane order and
-// warp sum as the merge below) into shared memory; each warp's sum over its ranges goes to
+// The merge of outputs [o0, o1): 32 at a time, lane = output, warp w taking ranges
+// w, w + SS_NW, ...; each lane's partials are loaded before the weights are known, so a chunk
+// costs one memory round trip with coalesced loads (a warp per output, lanes over ranges, cost a
+// round trip per output: 0.123 -> 0.092 ms a step, 496 -> 500 tok/s on E4B shapes, H200).
+// Warps 0-1 work out a head's weights e_s = exp(m_s - max m) and l = sum(l_s e_s) (lanes over
+// ranges, then a warp sum) into shared memory; each warp's sum over its ranges goes to
 // shared memory and warp 0 adds the warps' sums in order. `ws`: shared scratch of at least
 // 2 x ATTN_MAX_SPLITS + 2 + SS_NW x 32 floats (free after the ranges barrier).
-__device__ void ssa_merge2(const AttnParams& a, int hd, int S, int o0, int o1, float* ws) {
+__device__ void ssa_merge(const AttnParams& a, int hd, int S, int o0, int o1, float* ws) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const ConsumerThreads ct;
     float* ew = ws;                             // [2][ATTN_MAX_SPLITS] the chunk's heads' weights
@@ -795,13 +888,15 @@ __device__ void ssa_merge2(const AttnParams& a, int hd, int S, int o0, int o1, f
 // The whole operation on this SM (the first item's first tile requested by ssa_prestage).
 // Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
 // items done, 7 every SM's.
-__device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, unsigned* adone,
-                       unsigned target, unsigned long long* stamps, unsigned long long* tl) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+__device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, int pos, unsigned* adone,
+                       unsigned target, unsigned long long* stamps, unsigned long long* tl, uint64_t* tile_bar,
+                       unsigned tile_par) {
+    const int tid = threadIdx.x;
     const ConsumerThreads ct;
-    const SsaLayout L = ssa_layout(a, xs, avail, tk_max);
+    const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int items = a.nkv * L.S;
-    for (int it = blockIdx.x; it < items; it += gridDim.x) ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl);
+    for (int it = blockIdx.x; it < items; it += gridDim.x)
+        ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl, tile_bar, tile_par);
     stamp_at(stamps, 1);
     ss_tl_at(tl, 5);
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
@@ -813,48 +908,12 @@ __device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, un
     ct.sync();
     stamp_at(stamps, 7);
     ss_tl_at(tl, 6);
-    // This SM's slice of the nh * hd outputs, a warp per output, lanes over ranges: each lane's
-    // ranges' m, l and partial loaded together, then out = sum(acc_s e_s) / sum(l_s e_s) with
+    // This SM's slice of the nh * hd outputs: out = sum(acc_s e_s) / sum(l_s e_s) with
     // e_s = exp(m_s - max m) (attn_combine_head's terms, summed in another order).
     const int hd = L.hd, S = L.S, total = a.nh * hd;
     const int per = (total + gridDim.x - 1) / gridDim.x;
     const int o0 = blockIdx.x * per, o1 = min(total, o0 + per);
-    if (SSA_MERGE2) {
-        ssa_merge2(a, hd, S, o0, o1, xs);
-        return;
-    }
-    for (int o = o0 + warp; o < o1; o += SS_NW) {
-        const int h = o / hd, d = o - h * hd;
-        const float* ml = a.part_ml + 2 * (size_t)h * ATTN_MAX_SPLITS;
-        const float* pa = a.part_acc + (size_t)h * ATTN_MAX_SPLITS * hd + d;
-        float ms[ATTN_MAX_SPLITS / 32], ls[ATTN_MAX_SPLITS / 32], ps[ATTN_MAX_SPLITS / 32];
-#pragma unroll
-        for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++) {
-            const int s = lane + 32 * c;
-            if (s < S) {
-                ms[c] = __ldcg(ml + 2 * s);
-                ls[c] = __ldcg(ml + 2 * s + 1);
-                ps[c] = __ldcg(pa + (size_t)s * hd);
-            }
-        }
-        float mx = -INFINITY;
-#pragma unroll
-        for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++)
-            if (lane + 32 * c < S) mx = fmaxf(mx, ms[c]);
-        mx = warp_max(mx);
-        float l = 0.f, acc = 0.f;
-#pragma unroll
-        for (int c = 0; c < ATTN_MAX_SPLITS / 32; c++) {
-            if (lane + 32 * c < S) {
-                const float e = expf(ms[c] - mx);
-                l = fmaf(ls[c], e, l);
-                acc = fmaf(ps[c], e, acc);
-            }
-        }
-        l = warp_sum(l);
-        acc = warp_sum(acc);
-        if (lane == 0) a.out[o] = acc * (1.f / l);
-    }
+    ssa_merge(a, hd, S, o0, o1, xs);
 }
 
 template <int NCH>
@@ -864,6 +923,8 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ unsigned landed_w, wdone_w[SS_NW];
     __shared__ volatile int hold;
     __shared__ unsigned done_base;
+    __shared__ int pos_s;  // SSA_POS_SMEM
+    __shared__ uint64_t bulk_bar[2];  // SS_BULK: a GEMV's constants, an attention's first tile
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -882,17 +943,27 @@ __device__ void stream_body(const StreamParams& P) {
 #endif
             asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(ss_smem(&full[i])), "r"(count) : "memory");
         }
+        if (SS_BULK_ON)
+            for (int i = 0; i < 2; i++)
+                asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(ss_smem(&bulk_bar[i])) : "memory");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
         landed_w = 0;
         hold = 0;
+#if SSA_POS_SMEM
+        // The step's position (attention), requested before the counter so both are in flight.
+        const int pos = P.pos ? *P.pos : 0;
+#endif
         // Every SM reads the last operation's counter before it publishes anything; no SM can
         // publish the last operation before every SM has published the one before it, so this
         // is the count the previous launches left.
         unsigned v;
         asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(P.done + P.n_ops - 1) : "memory");
         done_base = v;
+#if SSA_POS_SMEM
+        pos_s = pos;
+#endif
     }
     if (tid < SS_NW) wdone_w[tid] = 0;
     if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
@@ -913,8 +984,11 @@ __device__ void stream_body(const StreamParams& P) {
     const unsigned target = done_base + (unsigned)nsm;
     const int avail = P.x_floats + SS_MAXG * 32;  // attention staging: x and the int8 fragments
     int pc = 0;
+    unsigned bulk_par = 0;  // SS_BULK: bit i, the parity of bulk_bar[i]'s phase to wait for
     for (int k = 0; k < P.n_ops; k++) {
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
+        // (Read before the barrier below: warp 2 overwrites this record's slot in operation k + 1.)
+        const unsigned cst_bytes = SS_BULK_ON && op.kind == STEP_GEMV ? ss_cst_bytes(op.g, P.x_floats) : 0u;
         // The next record (and, for a GEMV, this SM's share) staged before this one's wait.
         // (Not by thread 0, which polls: a load here would put its round trip before the poll's
         // on the path of the operation's last SM.)
@@ -924,8 +998,8 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk);
-        if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
+        const bool tile_bulk = op.kind == STEP_ATTN && ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, &bulk_bar[1]);
+        if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats, &bulk_bar[0]);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
@@ -938,9 +1012,11 @@ __device__ void stream_body(const StreamParams& P) {
         ss_tl_at(tl, 1);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, &bulk_bar[0],
+                         bulk_par & 1u);
         } else if (kind == STEP_ATTN) {
-            ssa_op(op.a, xs, avail, P.attn_tk, P.done + P.n_ops + k, target, stamps, tl);
+            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, &bulk_bar[1],
+                   (bulk_par >> 1) & 1u);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
@@ -957,6 +1033,15 @@ __device__ void stream_body(const StreamParams& P) {
             if (stamps) atomicMax(stamps + 5, global_ns());
         }
         stamp_at(stamps, 4);
+        if (SS_BULK_ON) {
+            // Every phase begun is waited for before the next begins (an SM without units skips
+            // the GEMV's prologue, and with it the wait there).
+            if (cst_bytes) {
+                mbar_wait(&bulk_bar[0], bulk_par & 1u);
+                bulk_par ^= 1u;
+            }
+            if (tile_bulk) bulk_par ^= 2u;
+        }
     }
     // Let the producer finish (cells of GEMVs this SM had no units of are none; this releases all).
     R.release_to(0xffffffffu - SS_CH);

@@ -165,6 +165,8 @@ pub(crate) struct StreamParams {
     /// Positive: at most this many key rows per attention tile (`HAYAI_STREAM_ATTN_TK`, for
     /// checks of the several-tile and several-range paths on short contexts); 0: no limit.
     pub(crate) attn_tk: i32,
+    /// The step's position (`step_io[1]`, every attention's `pos`), read once at the start.
+    pub(crate) pos: u64,
 }
 /// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`), its threads,
 /// and the bytes of one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments

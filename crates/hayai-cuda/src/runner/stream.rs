@@ -81,7 +81,7 @@ impl CudaRunner {
             .iter()
             .map(|l| (l.kernel, l.label, &l.params[..]))
             .collect();
-        let (bytes, n_gemv) = stream_records(&ops, &st.labels, &streams.ops)?;
+        let (bytes, n_gemv, pos) = stream_records(&ops, &st.labels, &streams.ops)?;
         let n = ops.len();
         let meta = timeline_meta(&ops, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
@@ -118,6 +118,7 @@ impl CudaRunner {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            pos,
         };
         let launch = |p: &StreamParams| {
             Launch::new(
@@ -330,19 +331,22 @@ fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -
 /// The plan's launches `(kernel, label, parameters)` as the streamed step's operation records
 /// (kernels/step.cu `StepOp`: kind, then for a GEMV its ordinal among the GEMVs, which indexes
 /// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
-/// same order with the same shapes and K splits (labels from `step_streams`). Returns the records
-/// and the number of GEMVs.
+/// same order with the same shapes and K splits (labels from `step_streams`), and the attentions
+/// against what the kernel assumes of them: one position for all (it reads it once), RoPE
+/// frequencies it can copy 16 bytes at a time. Returns the records, the number of GEMVs and the
+/// position's address (0 without attention).
 fn stream_records(
     ops: &[(&str, &str, &[u64])],
     labels: &[&str],
     plans: &[OpPlan],
-) -> Result<(Vec<u8>, usize), CudaError> {
+) -> Result<(Vec<u8>, usize, u64), CudaError> {
     let err = |m: String| CudaError::Unsupported(format!("streamed step: {m}"));
     if ops.len() < 2 {
         return Err(err("fewer than two operations".into()));
     }
     let mut bytes = vec![0u8; ops.len() * STEP_OP_BYTES];
     let mut gi = 0usize;
+    let mut pos = None;
     for (i, &(kernel, label, words)) in ops.iter().enumerate() {
         let kind: i32 = match kernel {
             "gemv" => 0,
@@ -388,6 +392,23 @@ fn stream_records(
             ordinal = gi as i32;
             gi += 1;
         }
+        if kind == 1 {
+            if words.len() * 8 < std::mem::size_of::<AttnParams>() {
+                return Err(err(format!("{label}: short attention parameters")));
+            }
+            let a: AttnParams = read_param(words, 0);
+            if a.inv_freq == 0 || a.inv_freq % 16 != 0 {
+                return Err(err(format!(
+                    "{label}: RoPE frequencies at {:#x} (16-byte aligned wanted)",
+                    a.inv_freq
+                )));
+            }
+            if *pos.get_or_insert(a.pos) != a.pos {
+                return Err(err(format!(
+                    "{label}: reads another position than the step's other attentions"
+                )));
+            }
+        }
         let op = &mut bytes[i * STEP_OP_BYTES..(i + 1) * STEP_OP_BYTES];
         op[0..4].copy_from_slice(&kind.to_le_bytes());
         op[4..8].copy_from_slice(&ordinal.to_le_bytes());
@@ -399,7 +420,7 @@ fn stream_records(
             plans.len()
         )));
     }
-    Ok((bytes, gi))
+    Ok((bytes, gi, pos.unwrap_or(0)))
 }
 
 #[cfg(test)]
@@ -496,9 +517,21 @@ mod tests {
         assert!(meta.ends_with("]]}"));
     }
 
+    fn attn(pos: u64, inv_freq: u64) -> Vec<u64> {
+        let a = AttnParams {
+            nh: 7,
+            pos,
+            inv_freq,
+            ..Default::default()
+        };
+        let mut w = vec![0u64; std::mem::size_of::<AttnParams>().div_ceil(8)];
+        write_param(&mut w, 0, &a);
+        w
+    }
+
     #[test]
     fn records_carry_kinds_and_gemv_ordinals() {
-        let (qkv, o, att) = (gemv(64, 256, 2), gemv(32, 512, 1), vec![7u64; 4]);
+        let (qkv, o, att) = (gemv(64, 256, 2), gemv(32, 512, 1), attn(0x1004, 0x2000));
         let ops = [
             ("gemv", "gemv.qkv", &qkv[..]),
             ("attn_split", "attention", &att[..]),
@@ -507,8 +540,8 @@ mod tests {
         ];
         let labels = ["gemv.qkv", "gemv.o"];
         let plans = [plan(64, 2, 2), plan(32, 4, 1)];
-        let (b, n) = stream_records(&ops, &labels, &plans).unwrap();
-        assert_eq!(n, 2);
+        let (b, n, pos) = stream_records(&ops, &labels, &plans).unwrap();
+        assert_eq!((n, pos), (2, 0x1004));
         assert_eq!(b.len(), 4 * STEP_OP_BYTES);
         let word = |op: usize, at: usize| {
             i32::from_le_bytes(b[op * STEP_OP_BYTES + at..][..4].try_into().unwrap())
@@ -520,7 +553,7 @@ mod tests {
         // The parameters follow the first 8 bytes unchanged.
         let rows_at = 8 + std::mem::offset_of!(GemvParams, rows);
         assert_eq!(word(2, rows_at), 32);
-        assert_eq!(word(1, 8), 7);
+        assert_eq!(word(1, 8 + std::mem::offset_of!(AttnParams, nh)), 7);
     }
 
     #[test]
@@ -558,5 +591,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no operation for kernel gemv_mma"), "{e}");
+        // Attentions: short parameters, unaligned frequencies, two positions.
+        let (a1, a2, short) = (attn(0x1004, 0x2000), attn(0x1008, 0x2000), vec![7u64; 4]);
+        for (ops, want) in [
+            (
+                vec![("attn_split", "attention", &short[..])],
+                "short attention",
+            ),
+            (
+                vec![("attn_split", "attention", &attn(0x1004, 0x2008)[..])],
+                "16-byte",
+            ),
+            (
+                vec![
+                    ("attn_split", "attention", &a1[..]),
+                    ("attn_split", "attention", &a2[..]),
+                ],
+                "another position",
+            ),
+        ] {
+            let mut ops = ops;
+            ops.push(("argmax_stage2", "argmax", &qkv[..]));
+            let e = stream_records(&ops, &[], &[]).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 }
