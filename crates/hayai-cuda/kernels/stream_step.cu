@@ -82,6 +82,13 @@ struct SmShare {
 };
 static_assert(sizeof(SmShare) == 36, "SmShare is mirrored by the host");
 
+// An attention's RoPE frequencies (SSA_ROPE_TAB), mirrored by the host (runner/launch.rs).
+struct RopeDesc {
+    const float* inv_freq;
+    int half;  // head dim / 2
+    int pad_;
+};
+
 struct StreamParams {
     const StepOp* ops;              // the step's operations; a GEMV's `next_gemv` is its GEMV ordinal
     const uint4* stream;            // every SM's cells
@@ -98,9 +105,13 @@ struct StreamParams {
     int x_floats;                   // shared floats of the GEMV input x (or attention scratch)
     int attn_tk;                    // > 0: at most this many key rows per attention tile (checks)
     const int* pos;                 // the step's position (step_io[1]; every attention's `pos`)
+    const RopeDesc* rope;           // [n_attn] each attention's frequencies, in operation order
+    float* rope_tab;                // [n_attn][512] their cosines and sines at pos (SSA_ROPE_TAB)
+    int n_attn, pad_;
 };
 
-static_assert(sizeof(StreamParams) == 80, "StreamParams is mirrored by the host");
+static_assert(sizeof(StreamParams) == 104, "StreamParams is mirrored by the host");
+static_assert(sizeof(RopeDesc) == 16, "RopeDesc is mirrored by the host");
 
 // The consumer warps as a thread group (gemv_prologue, group_sum) with their own barrier.
 struct ConsumerThreads {
@@ -333,11 +344,13 @@ struct SsShared {
 // Where a GEMV's prologue constants go (gemv_prologue's `cst`: the residual input, its weight,
 // the norm weight, `cols` floats each after x), null when SS_PRE_CST is off, the prologue has none
 // or they do not fit.
+// (ss_cst keeps its own copy of the condition: written through ss_cst_on, the default build's
+// machine code changed.)
 __device__ __forceinline__ bool ss_cst_on(const GemvParams& g, int x_floats) {
     return SS_PRE_CST && (g.res_in || g.norm_w) && 4 * g.cols <= x_floats;
 }
 __device__ __forceinline__ float* ss_cst(const GemvParams& g, float* xs, int x_floats) {
-    return ss_cst_on(g, x_floats) ? xs + g.cols : nullptr;
+    return SS_PRE_CST && (g.res_in || g.norm_w) && 4 * g.cols <= x_floats ? xs + g.cols : nullptr;
 }
 // SS_BULK: the bytes of constants a GEMV's bulk copies bring (0: none, nothing to wait for).
 __device__ __forceinline__ unsigned ss_cst_bytes(const GemvParams& g, int x_floats) {
@@ -482,6 +495,16 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #ifndef SSA_POS_SMEM
 #define SSA_POS_SMEM 0
 #endif
+// SSA_ROPE_TAB=1 (a measurement build, -DSSA_ROPE_TAB=1; not yet run, off): RoPE's cosines and
+// sines for every attention but the first computed once per launch, during the first attention
+// (by the last SMs, which have no items there at short contexts, before its ranges barrier), into
+// `rope_tab`; later attentions' prestages copy their table instead of loading the frequencies and
+// calling sincosf before the wait (the same sincosf of the same product: same values). Visible to
+// them through the operation counters: the first attention's publication precedes every later
+// prestage's acquire of an operation after it.
+#ifndef SSA_ROPE_TAB
+#define SSA_ROPE_TAB 0
+#endif
 
 struct SsaLayout {
     int r, hd, tk, S, chunk, n_keys, first, pos;
@@ -608,12 +631,21 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // SSA_POS_SMEM's changes, attention inputs 0.142 -> 0.185 ms a step; docs/performance.md.)
 // SS_BULK: the tile by bulk copies on `bar`; returns whether it did (a phase to wait for).
-__device__ bool ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, uint64_t* bar) {
+// SSA_ROPE_TAB: `tab` (non-null) holds the cosines and sines: copied as a cp.async group of its
+// own, committed before the tile's (the operation's first wait takes it).
+__device__ bool ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, uint64_t* bar,
+                             const float* tab) {
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return false;
-    for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
-        sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
+#if SSA_ROPE_TAB
+    if (tab) {
+        for (int i = threadIdx.x; i < (L.hd >> 2); i += SS_NW * 32) cp_async16(L.cs + 4 * i, tab + 4 * i);
+        cp_async_commit();
+    } else
+#endif
+        for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
+            sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
     ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false, SS_BULK_ON ? bar : nullptr);
     return SS_BULK_ON;
@@ -888,15 +920,24 @@ __device__ void ssa_merge(const AttnParams& a, int hd, int S, int o0, int o1, fl
 // The whole operation on this SM (the first item's first tile requested by ssa_prestage).
 // Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
 // items done, 7 every SM's.
+// SSA_ROPE_TAB (`rope` non-null: the step's first attention): this SM's share of the later
+// attentions' tables (attention t by SM gridDim.x - t) before it counts in at the ranges barrier.
 __device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, int pos, unsigned* adone,
                        unsigned target, unsigned long long* stamps, unsigned long long* tl, uint64_t* tile_bar,
-                       unsigned tile_par) {
+                       unsigned tile_par, const RopeDesc* rope = nullptr, float* rope_tab = nullptr, int n_attn = 0) {
     const int tid = threadIdx.x;
     const ConsumerThreads ct;
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int items = a.nkv * L.S;
     for (int it = blockIdx.x; it < items; it += gridDim.x)
         ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl, tile_bar, tile_par);
+    if (SSA_ROPE_TAB && rope) {
+        for (int t = (int)gridDim.x - (int)blockIdx.x; t < n_attn; t += gridDim.x) {
+            const RopeDesc d = rope[t];
+            float* cs = rope_tab + (size_t)t * 512;
+            for (int i = tid; i < d.half; i += SS_NW * 32) sincosf((float)L.pos * d.inv_freq[i], &cs[d.half + i], &cs[i]);
+        }
+    }
     stamp_at(stamps, 1);
     ss_tl_at(tl, 5);
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
@@ -985,6 +1026,7 @@ __device__ void stream_body(const StreamParams& P) {
     const int avail = P.x_floats + SS_MAXG * 32;  // attention staging: x and the int8 fragments
     int pc = 0;
     unsigned bulk_par = 0;  // SS_BULK: bit i, the parity of bulk_bar[i]'s phase to wait for
+    int ai = 0;             // attentions before this operation (SSA_ROPE_TAB)
     for (int k = 0; k < P.n_ops; k++) {
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
         // (Read before the barrier below: warp 2 overwrites this record's slot in operation k + 1.)
@@ -998,7 +1040,11 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        const bool tile_bulk = op.kind == STEP_ATTN && ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, &bulk_bar[1]);
+        // (SSA_ROPE_TAB: from the second attention on, which comes at least two operations after
+        // the first, whose publication the tables precede.)
+        const float* tab = SSA_ROPE_TAB && ai > 0 ? P.rope_tab + (size_t)ai * 512 : nullptr;
+        const bool tile_bulk =
+            op.kind == STEP_ATTN && ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, &bulk_bar[1], tab);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats, &bulk_bar[0]);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
@@ -1006,6 +1052,8 @@ __device__ void stream_body(const StreamParams& P) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
+        // SSA_ROPE_TAB: the table's cp.async group (the tile's, after it, may stay in flight).
+        if (SSA_ROPE_TAB && op.kind == STEP_ATTN && ai > 0) cp_async_wait<SS_BULK_ON ? 0 : 1>();
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
@@ -1015,8 +1063,14 @@ __device__ void stream_body(const StreamParams& P) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, &bulk_bar[0],
                          bulk_par & 1u);
         } else if (kind == STEP_ATTN) {
+#if SSA_ROPE_TAB
+            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, &bulk_bar[1],
+                   (bulk_par >> 1) & 1u, ai == 0 ? P.rope : nullptr, P.rope_tab, P.n_attn);
+            ai++;
+#else
             ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, &bulk_bar[1],
                    (bulk_par >> 1) & 1u);
+#endif
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {

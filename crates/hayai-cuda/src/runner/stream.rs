@@ -81,7 +81,12 @@ impl CudaRunner {
             .iter()
             .map(|l| (l.kernel, l.label, &l.params[..]))
             .collect();
-        let (bytes, n_gemv, pos) = stream_records(&ops, &st.labels, &streams.ops)?;
+        let StreamRecords {
+            bytes,
+            n_gemv,
+            pos,
+            rope,
+        } = stream_records(&ops, &st.labels, &streams.ops)?;
         let n = ops.len();
         let meta = timeline_meta(&ops, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
@@ -92,6 +97,16 @@ impl CudaRunner {
         let base = self.gpu.upload(&sm_base)?;
         let cells = self.gpu.upload(&sm_cells)?;
         let shares = self.gpu.upload(&shares)?;
+        // Each attention's RoPE frequencies and room for their cosines and sines at the step's
+        // position (hd <= 512: 512 floats each; the kernel's SSA_ROPE_TAB builds use them).
+        let n_attn = rope.len();
+        let none = [RopeDesc::default()];
+        let rope_desc = self.gpu.upload(if rope.is_empty() {
+            &none[..]
+        } else {
+            &rope[..]
+        })?;
+        let rope_tab = self.gpu.alloc(n_attn.max(1) * 512 * 4)?;
         // [2][n]: each operation's SM count, then each attention's ranges-stored count.
         let done = self.gpu.alloc(2 * n * 4)?;
         // The per-operation stamps, then (SS_TIMELINE builds) every SM's per-operation stamps and
@@ -119,6 +134,10 @@ impl CudaRunner {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
             pos,
+            rope: rope_desc.ptr(),
+            rope_tab: rope_tab.ptr(),
+            n_attn: n_attn as i32,
+            _pad: 0,
         };
         let launch = |p: &StreamParams| {
             Launch::new(
@@ -143,7 +162,9 @@ impl CudaRunner {
             params: p,
             launch: l.clone(),
         });
-        self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
+        self.step_bufs = vec![
+            ops, stream, base, cells, shares, done, timing, rope_desc, rope_tab,
+        ];
         Ok(l)
     }
 
@@ -333,13 +354,12 @@ fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -
 /// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
 /// same order with the same shapes and K splits (labels from `step_streams`), and the attentions
 /// against what the kernel assumes of them: one position for all (it reads it once), RoPE
-/// frequencies it can copy 16 bytes at a time. Returns the records, the number of GEMVs and the
-/// position's address (0 without attention).
+/// frequencies it can copy 16 bytes at a time, a head dim of at most 512.
 fn stream_records(
     ops: &[(&str, &str, &[u64])],
     labels: &[&str],
     plans: &[OpPlan],
-) -> Result<(Vec<u8>, usize, u64), CudaError> {
+) -> Result<StreamRecords, CudaError> {
     let err = |m: String| CudaError::Unsupported(format!("streamed step: {m}"));
     if ops.len() < 2 {
         return Err(err("fewer than two operations".into()));
@@ -347,6 +367,8 @@ fn stream_records(
     let mut bytes = vec![0u8; ops.len() * STEP_OP_BYTES];
     let mut gi = 0usize;
     let mut pos = None;
+    let mut rope = Vec::new();
+    let mut first_attn = 0usize;
     for (i, &(kernel, label, words)) in ops.iter().enumerate() {
         let kind: i32 = match kernel {
             "gemv" => 0,
@@ -408,6 +430,24 @@ fn stream_records(
                     "{label}: reads another position than the step's other attentions"
                 )));
             }
+            if a.hd <= 0 || a.hd > 512 || a.hd % 8 != 0 {
+                return Err(err(format!("{label}: head dim {}", a.hd)));
+            }
+            // (The kernel's per-launch RoPE tables, written during the first attention, are read
+            // by a later one's prestage, which follows the wait for the operation two before it.)
+            if rope.len() == 1 && i < first_attn + 2 {
+                return Err(err(format!(
+                    "{label}: an attention right after another (operations {first_attn} and {i})"
+                )));
+            }
+            if rope.is_empty() {
+                first_attn = i;
+            }
+            rope.push(RopeDesc {
+                inv_freq: a.inv_freq,
+                half: a.hd / 2,
+                _pad: 0,
+            });
         }
         let op = &mut bytes[i * STEP_OP_BYTES..(i + 1) * STEP_OP_BYTES];
         op[0..4].copy_from_slice(&kind.to_le_bytes());
@@ -420,7 +460,22 @@ fn stream_records(
             plans.len()
         )));
     }
-    Ok((bytes, gi, pos.unwrap_or(0)))
+    Ok(StreamRecords {
+        bytes,
+        n_gemv: gi,
+        pos: pos.unwrap_or(0),
+        rope,
+    })
+}
+
+/// What `stream_records` makes of a plan: the operation records, the number of GEMVs, the
+/// step's position's address (0 without attention) and each attention's RoPE frequencies.
+#[derive(Debug)]
+struct StreamRecords {
+    bytes: Vec<u8>,
+    n_gemv: usize,
+    pos: u64,
+    rope: Vec<RopeDesc>,
 }
 
 #[cfg(test)]
@@ -520,6 +575,7 @@ mod tests {
     fn attn(pos: u64, inv_freq: u64) -> Vec<u64> {
         let a = AttnParams {
             nh: 7,
+            hd: 256,
             pos,
             inv_freq,
             ..Default::default()
@@ -540,8 +596,19 @@ mod tests {
         ];
         let labels = ["gemv.qkv", "gemv.o"];
         let plans = [plan(64, 2, 2), plan(32, 4, 1)];
-        let (b, n, pos) = stream_records(&ops, &labels, &plans).unwrap();
+        let StreamRecords {
+            bytes: b,
+            n_gemv: n,
+            pos,
+            rope,
+        } = stream_records(&ops, &labels, &plans).unwrap();
         assert_eq!((n, pos), (2, 0x1004));
+        let want = RopeDesc {
+            inv_freq: 0x2000,
+            half: 128,
+            _pad: 0,
+        };
+        assert_eq!(rope, [want]);
         assert_eq!(b.len(), 4 * STEP_OP_BYTES);
         let word = |op: usize, at: usize| {
             i32::from_le_bytes(b[op * STEP_OP_BYTES + at..][..4].try_into().unwrap())
@@ -608,6 +675,13 @@ mod tests {
                     ("attn_split", "attention", &a2[..]),
                 ],
                 "another position",
+            ),
+            (
+                vec![
+                    ("attn_split", "attention", &a1[..]),
+                    ("attn_split", "attention", &a1[..]),
+                ],
+                "right after another",
             ),
         ] {
             let mut ops = ops;
