@@ -14,7 +14,8 @@
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
 #         pending-next: the streamed step with SSA_POS_SMEM=1, SS_BULK=1, + SSA_ROPE_TAB=1, all
-#         three (parity, then one A/B round; ~9 min); pending-next2: the second round (~4 min);
+#         three: parity, and with one key row per attention tile for the bulk builds (~7 min);
+#         pending-next2: one A/B round of the four against the default (~5 min; run it twice);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -146,14 +147,22 @@ run() {
     if has pending-next; then
       stage "streamed step: SSA_POS_SMEM=1, SS_BULK=1, SSA_ROPE_TAB=1: parity"
       for c in possmem bulk rope pre3; do
-        timeout 120 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
+        timeout 100 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
+      done
+      # One key row per tile: several tiles and ranges, a first tile that is only the newest row
+      # (a bulk phase of 0 bytes).
+      for c in bulk pre3; do
+        HAYAI_STREAM_ATTN_TK=1 timeout 100 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" |
+          sed "s/^/$c TK=1 /" | tee -a "$out/session.log"
       done
     fi
-    stage "streamed step: SSA_POS_SMEM=1, SS_BULK=1, SSA_ROPE_TAB=1: A/B round"
-    for c in "$C" .gpu/gpu_check_possmem .gpu/gpu_check_bulk .gpu/gpu_check_rope .gpu/gpu_check_pre3; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  attention|^  gemv" | tee -a "$out/session.log"
-    done
+    if has pending-next2; then
+      stage "streamed step: SSA_POS_SMEM=1, SS_BULK=1, SSA_ROPE_TAB=1: A/B round"
+      for c in "$C" .gpu/gpu_check_possmem .gpu/gpu_check_bulk .gpu/gpu_check_rope .gpu/gpu_check_pre3; do
+        echo "-- $c" | tee -a "$out/session.log"
+        timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  attention|^  gemv" | tee -a "$out/session.log"
+      done
+    fi
   fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
