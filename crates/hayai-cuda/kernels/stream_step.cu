@@ -512,9 +512,9 @@ struct SsaLayout {
 };
 
 // The operation's split of the keys and its shared-memory layout in `avail` floats at xs:
-// q[r][hd] (normed, rotated), o[r][hd] (p.V accumulators), the fresh k and v, RoPE's
-// cosines and sines at pos, per head m, l and the tile's correction, scores [r][tk], then tk rows of K and
-// of V. The position (step_io, `pos` with SSA_POS_SMEM, read at the kernel's start) was written
+// q[r][hd] (normed, rotated), o[r][hd] (p.V accumulators), the fresh k and v, RoPE's cosines
+// and sines at pos, per head m, l and the tile's correction, scores [r][tk], then tk rows of K
+// and of V. The position (step_io, `pos` with SSA_POS_SMEM, read at the kernel's start) was written
 // by the previous step or the host (the step's last operation advances it), so this may run
 // before the wait. Mirrored by the host's size check (runner/stream.rs `stream_config`).
 __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
