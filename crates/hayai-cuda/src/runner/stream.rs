@@ -354,7 +354,7 @@ fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -
 /// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
 /// same order with the same shapes and K splits (labels from `step_streams`), and the attentions
 /// against what the kernel assumes of them: one position for all (it reads it once), RoPE
-/// frequencies it can copy 16 bytes at a time, a head dim of at most 512.
+/// frequencies it can copy 16 bytes at a time (head dims: `stream_config`).
 fn stream_records(
     ops: &[(&str, &str, &[u64])],
     labels: &[&str],
@@ -429,9 +429,6 @@ fn stream_records(
                 return Err(err(format!(
                     "{label}: reads another position than the step's other attentions"
                 )));
-            }
-            if a.hd <= 0 || a.hd > 512 || a.hd % 8 != 0 {
-                return Err(err(format!("{label}: head dim {}", a.hd)));
             }
             // (The kernel's per-launch RoPE tables, written during the first attention, are read
             // by a later one's prestage, which follows the wait for the operation two before it.)
