@@ -13,9 +13,6 @@
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-next: the streamed step with SSA_POS_SMEM=1, SS_BULK=1, + SSA_ROPE_TAB=1, all
-#         three: parity, and with one key row per attention tile for the bulk builds (~7 min);
-#         pending-next2: one A/B round of the four against the default (~5 min; run it twice);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -41,14 +38,6 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stages pending-next, pending-next2): the attention's position read once per
-  # launch and its first tile requested a warp per row (SSA_POS_SMEM); the copies before a wait
-  # as bulk copies on an mbarrier (SS_BULK, sm_90); RoPE's tables once per launch (SSA_ROPE_TAB,
-  # with SSA_POS_SMEM); all three.
-  CARGO_TARGET_DIR=target/possmem HAYAI_CUDA_DEFINES=-DSSA_POS_SMEM=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/bulk HAYAI_CUDA_DEFINES=-DSS_BULK=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/rope HAYAI_CUDA_DEFINES="-DSSA_POS_SMEM=1 -DSSA_ROPE_TAB=1" cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/pre3 HAYAI_CUDA_DEFINES="-DSS_BULK=1 -DSSA_POS_SMEM=1 -DSSA_ROPE_TAB=1" cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -56,12 +45,7 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  cp target/possmem/release/examples/gpu_check .gpu/gpu_check_possmem
-  cp target/bulk/release/examples/gpu_check .gpu/gpu_check_bulk
-  cp target/rope/release/examples/gpu_check .gpu/gpu_check_rope
-  cp target/pre3/release/examples/gpu_check .gpu/gpu_check_pre3
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_possmem .gpu/gpu_check_bulk .gpu/gpu_check_rope .gpu/gpu_check_pre3 \
-    target/release/examples/gpu_check 2>/dev/null || true
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
@@ -136,34 +120,6 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
-  if has pending-next || has pending-next2; then
-    # The attention's position read once per launch with its first tile requested a warp per row
-    # (possmem: SSA_POS_SMEM=1), the copies before a wait as bulk copies (bulk: SS_BULK=1), RoPE's
-    # tables once per launch (rope: SSA_POS_SMEM=1 SSA_ROPE_TAB=1), all three (pre3), against the
-    # default: parity (same sums: the figures must not move), then A/B rounds. Carry
-    # target/release/examples/gpu_check and .gpu/gpu_check_{possmem,bulk,rope,pre3} (60 MB; kept
-    # between calls on a warm machine).
-    local c
-    if has pending-next; then
-      stage "streamed step: SSA_POS_SMEM=1, SS_BULK=1, SSA_ROPE_TAB=1: parity"
-      for c in possmem bulk rope pre3; do
-        timeout 100 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
-      done
-      # One key row per tile: several tiles and ranges, a first tile that is only the newest row
-      # (a bulk phase of 0 bytes).
-      for c in bulk pre3; do
-        HAYAI_STREAM_ATTN_TK=1 timeout 100 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" |
-          sed "s/^/$c TK=1 /" | tee -a "$out/session.log"
-      done
-    fi
-    if has pending-next2; then
-      stage "streamed step: SSA_POS_SMEM=1, SS_BULK=1, SSA_ROPE_TAB=1: A/B round"
-      for c in "$C" .gpu/gpu_check_possmem .gpu/gpu_check_bulk .gpu/gpu_check_rope .gpu/gpu_check_pre3; do
-        echo "-- $c" | tee -a "$out/session.log"
-        timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  attention|^  gemv" | tee -a "$out/session.log"
-      done
-    fi
-  fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
@@ -226,5 +182,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

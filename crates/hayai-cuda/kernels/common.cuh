@@ -119,8 +119,7 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Whether the shared-memory mbarrier `bar` has completed the phase of parity `parity`, and a
-// wait for it.
+// Whether the shared-memory mbarrier `bar` has completed the phase of parity `parity`.
 __device__ __forceinline__ bool mbar_done(uint64_t* bar, unsigned parity) {
     unsigned ok;
     asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
@@ -128,10 +127,6 @@ __device__ __forceinline__ bool mbar_done(uint64_t* bar, unsigned parity) {
                  : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity)
                  : "memory");
     return ok != 0;
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-    while (!mbar_done(bar, parity)) {
-    }
 }
 
 // Nanoseconds of the GPU's global timer (profiling stamps).

@@ -113,14 +113,11 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
 // PENDING: cp.async groups committed after the constants' that may stay in flight (a caller's
 // own weight copies). G: the threads that run it (a whole block, or a group with its own named
 // barrier beside warps that never join it, as a streamed step's producer warp). tl: the streamed
-// step's per-SM timeline slots (kernels/stream_step.cu SS_TIMELINE; null elsewhere). cst_bar:
-// where `cst`'s constants come by bulk copy instead (the streamed step's SS_BULK), the mbarrier
-// whose phase `cst_par` they complete.
+// step's per-SM timeline slots (kernels/stream_step.cu SS_TIMELINE; null elsewhere).
 template <bool STEP = false, int PENDING = 0, class G = BlockThreads>
 __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool scaled_store,
                               unsigned long long* stamps = nullptr, int j0 = 0, int j1 = -1,
-                              float* cst = nullptr, G g = G(), unsigned long long* tl = nullptr,
-                              uint64_t* cst_bar = nullptr, unsigned cst_par = 0) {
+                              float* cst = nullptr, G g = G(), unsigned long long* tl = nullptr) {
     const int n4 = p.cols >> 2;
     const bool early_res = cst && p.res_in;
     const bool whole = j1 < 0 || p.res_in || p.norm_w || p.res_out;
@@ -247,7 +244,6 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
     if (STEP) stamp_at(stamps, 1);
     if (STEP && tl && g.t() == 0) tl[4] = global_ns();
     if (cst) cp_async_wait<PENDING>();  // the norm weights (block_sum's barrier publishes them)
-    if (cst_bar) mbar_wait(cst_bar, cst_par);
     const int n = p.cols;
     const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
     const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);

@@ -47,21 +47,6 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
-// SS_BULK=1 (a measurement build, -DSS_BULK=1; sm_90 only, not yet run, off): the copies issued
-// before an operation's wait go as bulk copies by one thread (SS_BULK_T) on an mbarrier instead
-// of 16-byte cp.async by every thread: a GEMV's residual and norm weights, an attention's first
-// tile. The timeline: an SM begins its wait 1.06-1.15 us after its own publication before a GEMV
-// with such constants (gate/up, QKV, PLE gate), 0.67-0.83 before one without, and 3.2 us before
-// an attention it has items of (its tile: ~2,500 requests).
-#ifndef SS_BULK
-#define SS_BULK 0
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define SS_BULK_ON SS_BULK
-#else
-#define SS_BULK_ON 0
-#endif
-#define SS_BULK_T 96  // warp 3's first lane (warps 0-2 stage the poll, the records and the shares)
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -82,13 +67,6 @@ struct SmShare {
 };
 static_assert(sizeof(SmShare) == 36, "SmShare is mirrored by the host");
 
-// An attention's RoPE frequencies (SSA_ROPE_TAB), mirrored by the host (runner/launch.rs).
-struct RopeDesc {
-    const float* inv_freq;
-    int half;  // head dim / 2
-    int pad_;
-};
-
 struct StreamParams {
     const StepOp* ops;              // the step's operations; a GEMV's `next_gemv` is its GEMV ordinal
     const uint4* stream;            // every SM's cells
@@ -105,13 +83,9 @@ struct StreamParams {
     int x_floats;                   // shared floats of the GEMV input x (or attention scratch)
     int attn_tk;                    // > 0: at most this many key rows per attention tile (checks)
     const int* pos;                 // the step's position (step_io[1]; every attention's `pos`)
-    const RopeDesc* rope;           // [n_attn] each attention's frequencies, in operation order
-    float* rope_tab;                // [n_attn][512] their cosines and sines at pos (SSA_ROPE_TAB)
-    int n_attn, pad_;
 };
 
-static_assert(sizeof(StreamParams) == 104, "StreamParams is mirrored by the host");
-static_assert(sizeof(RopeDesc) == 16, "RopeDesc is mirrored by the host");
+static_assert(sizeof(StreamParams) == 80, "StreamParams is mirrored by the host");
 
 // The consumer warps as a thread group (gemv_prologue, group_sum) with their own barrier.
 struct ConsumerThreads {
@@ -135,30 +109,6 @@ __device__ __forceinline__ unsigned ss_ld_acquire_gpu(const unsigned* p) {
 }
 __device__ __forceinline__ void ss_st_release_cta(unsigned addr, unsigned v) {
     asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-
-// A bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) completing on `bar`,
-// the arrival that expects them, and the fence that orders an area's earlier generic-proxy
-// accesses (ordered before it by the consumers' barrier) before bulk copies into it (sm_90).
-__device__ __forceinline__ void ss_bulk(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     ss_smem(dst)),
-                 "l"(src), "r"(bytes), "r"(ss_smem(bar))
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void ss_expect(uint64_t* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(ss_smem(bar)),
-                 "r"(bytes)
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void ss_fence_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
 }
 
 // SS_TIMELINE: this SM's slots of operation k, and of ring chunk c (null: not recording).
@@ -195,8 +145,6 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
                 const uint4* from = src + (size_t)issued * SS_CH * SS_CELL_U4;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
                 if (lane == 0) {
-                    // (Written out, not through ss_expect / ss_bulk: through them the measured
-                    // build's registers come out in another assignment.)
                     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(
                                      ss_smem(&full[slot])),
                                  "r"(n16 * 16)
@@ -341,45 +289,26 @@ struct SsShared {
 // Where a GEMV's prologue constants go (gemv_prologue's `cst`: the residual input, its weight,
 // the norm weight, `cols` floats each after x), null when SS_PRE_CST is off, the prologue has none
 // or they do not fit.
-// (ss_cst keeps its own copy of the condition: written through ss_cst_on, the default build's
-// machine code changed.)
-__device__ __forceinline__ bool ss_cst_on(const GemvParams& g, int x_floats) {
-    return SS_PRE_CST && (g.res_in || g.norm_w) && 4 * g.cols <= x_floats;
-}
 __device__ __forceinline__ float* ss_cst(const GemvParams& g, float* xs, int x_floats) {
     return SS_PRE_CST && (g.res_in || g.norm_w) && 4 * g.cols <= x_floats ? xs + g.cols : nullptr;
 }
-// SS_BULK: the bytes of constants a GEMV's bulk copies bring (0: none, nothing to wait for).
-__device__ __forceinline__ unsigned ss_cst_bytes(const GemvParams& g, int x_floats) {
-    return SS_BULK_ON && ss_cst_on(g, x_floats) ? (g.res_w ? 4u * g.cols : 0u) + (g.norm_w ? 4u * g.cols : 0u) : 0u;
-}
 // Before the wait: the prologue's weights into `cst` (gemv_constants_async by the consumer
-// warps, each thread the columns it handles in gemv_prologue; SS_BULK: two bulk copies on `bar`).
-__device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* xs, int x_floats, uint64_t* bar) {
+// warps, each thread the columns it handles in gemv_prologue).
+__device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* xs, int x_floats) {
     float* cst = ss_cst(g, xs, x_floats);
     if (!cst) return;
-#if SS_BULK_ON
-    const unsigned bytes = ss_cst_bytes(g, x_floats);
-    if (threadIdx.x == SS_BULK_T && bytes) {
-        ss_fence_async();
-        ss_expect(bar, bytes);
-        if (g.res_w) ss_bulk(cst + g.cols, g.res_w, 4u * g.cols, bar);
-        if (g.norm_w) ss_bulk(cst + 2 * g.cols, g.norm_w, 4u * g.cols, bar);
-    }
-#else
     const ConsumerThreads ct;
     for (int j = ct.t(); j < (g.cols >> 2); j += ct.n()) {
         if (g.res_w) cp_async16(cst + g.cols + 4 * j, g.res_w + 4 * j);
         if (g.norm_w) cp_async16(cst + 2 * g.cols + 4 * j, g.norm_w + 4 * j);
     }
     cp_async_commit();
-#endif
 }
 
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats, unsigned long long* tl, uint64_t* cst_bar, unsigned cst_par) {
+                        int x_floats, unsigned long long* tl) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -389,8 +318,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
-                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl,
-                                            ss_cst_bytes(g, x_floats) ? cst_bar : nullptr, cst_par);
+                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
@@ -485,24 +413,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).
 #define SSA_MAXR 8  // query heads per KV head
 #define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge
-// SSA_POS_SMEM=1 (a measurement build, -DSSA_POS_SMEM=1; not yet run on its own, off): the step's
-// position read once at the kernel's start instead of by every attention's prestage (a round trip
-// before the wait on every SM), and the first tile's requests issued a warp per row (no division
-// per 16 bytes). The timeline: an SM with attention items began its wait 3.2 us after its own
-// publication, one without 1.2 us (a GEMV's: 0.7 us).
-#ifndef SSA_POS_SMEM
-#define SSA_POS_SMEM 0
-#endif
-// SSA_ROPE_TAB=1 (a measurement build, -DSSA_ROPE_TAB=1; not yet run, off): RoPE's cosines and
-// sines for every attention but the first computed once per launch, during the first attention
-// (by the last SMs, which have no items there at short contexts, before its ranges barrier), into
-// `rope_tab`; later attentions' prestages copy their table instead of loading the frequencies and
-// calling sincosf before the wait (the same sincosf of the same product: same values). Visible to
-// them through the operation counters: the first attention's publication precedes every later
-// prestage's acquire of an operation after it.
-#ifndef SSA_ROPE_TAB
-#define SSA_ROPE_TAB 0
-#endif
 
 struct SsaLayout {
     int r, hd, tk, S, chunk, n_keys, first, pos;
@@ -512,14 +422,14 @@ struct SsaLayout {
 // The operation's split of the keys and its shared-memory layout in `avail` floats at xs:
 // q[r][hd] (normed, rotated), o[r][hd] (p.V accumulators), the fresh k and v, RoPE's cosines
 // and sines at pos, per head m, l and the tile's correction, scores [r][tk], then tk rows of K
-// and of V. The position (step_io, `pos` with SSA_POS_SMEM, read at the kernel's start) was written
-// by the previous step or the host (the step's last operation advances it), so this may run
-// before the wait. Mirrored by the host's size check (runner/stream.rs `stream_config`).
+// and of V. The position (step_io, read once at the kernel's start: `pos`) was written by the
+// previous step or the host (the step's last operation advances it), so this may run before the
+// wait. Mirrored by the host's size check (runner/stream.rs `stream_config`).
 __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
     SsaLayout L;
     L.r = a.nh / a.nkv;
     L.hd = a.hd;
-    L.pos = SSA_POS_SMEM ? pos : *a.pos;
+    L.pos = pos;
     L.n_keys = a.window > 0 ? min(L.pos + 1, a.window) : L.pos + 1;
     L.first = L.pos + 1 - L.n_keys;
     const int fixed = (2 * L.r + 3) * L.hd + 4 * SSA_MAXR + 4;
@@ -554,37 +464,11 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
 // Rows [kb, kb + nr) of KV head g into the tile: phase 0 every row but the newest (written by
 // earlier steps: may be requested before the wait), by cp.async; phase 1 the newest, from the
 // fresh k/v this item computed (own cache) or from the cache its donor wrote in this step.
-// SS_BULK (`bar` non-null, phase 0 only): the rows as bulk copies by one thread, one per run of
-// consecutive cache slots (split where the ring wraps and at the newest row), on `bar`.
-__device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh,
-                          uint64_t* bar = nullptr) {
+__device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh) {
     const int tid = threadIdx.x, hd = L.hd, c4 = hd >> 2;
     const float* K = a.k_cache + (size_t)g * a.cap * hd;
     const float* V = a.v_cache + (size_t)g * a.cap * hd;
-    if (SS_BULK_ON && bar) {
-        if (tid == SS_BULK_T) {
-            const int base = L.first + kb, skip = L.pos - base;  // the newest row: phase 1's
-            const unsigned row_bytes = 4u * hd;
-            ss_fence_async();
-            ss_expect(bar, 2u * row_bytes * (unsigned)(nr - (skip >= 0 && skip < nr ? 1 : 0)));
-            for (int r = 0; r < nr;) {
-                if (r == skip) {
-                    r++;
-                    continue;
-                }
-                const int slot = (base + r) % a.cap;
-                int end = min(nr, r + (a.cap - slot));
-                if (skip > r && skip < end) end = skip;
-                const unsigned bytes = row_bytes * (unsigned)(end - r);
-                ss_bulk(L.kt + r * hd, K + (size_t)slot * hd, bytes, bar);
-                ss_bulk(L.vt + r * hd, V + (size_t)slot * hd, bytes, bar);
-                r = end;
-            }
-        }
-        return;
-    }
     if (phase == 0) {
-#if SSA_POS_SMEM
         // A warp per row: the row's ring slot worked out once, not per 16 bytes (the requests
         // are issued before the previous operation's wait, where their instructions count).
         const int warp = tid >> 5, lane = tid & 31;
@@ -598,16 +482,6 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
                 cp_async16((isv ? L.vt : L.kt) + row * hd + 4 * c, (isv ? V : K) + src + 4 * c);
             }
         }
-#else
-        for (int i = tid; i < nr * 2 * c4; i += SS_NW * 32) {
-            const int row = i / (2 * c4), rem = i - row * 2 * c4;
-            const int kp = L.first + kb + row;
-            if (kp == L.pos) continue;
-            const bool isv = rem >= c4;
-            const int c = isv ? rem - c4 : rem;
-            cp_async16((isv ? L.vt : L.kt) + row * hd + 4 * c, (isv ? V : K) + (size_t)(kp % a.cap) * hd + 4 * c);
-        }
-#endif
         cp_async_commit();
         return;
     }
@@ -628,26 +502,16 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
 // Before the wait: RoPE's cosines and sines at pos (as norm_rope_heads computes them) and the
 // first item's first tile (everything but the newest row). (Worked out after the wait instead,
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
-// SSA_POS_SMEM's changes, attention inputs 0.142 -> 0.185 ms a step; docs/performance.md.)
-// SS_BULK: the tile by bulk copies on `bar`; returns whether it did (a phase to wait for).
-// SSA_ROPE_TAB: `tab` (non-null) holds the cosines and sines: copied as a cp.async group of its
-// own, committed before the tile's (the operation's first wait takes it).
-__device__ bool ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, uint64_t* bar,
-                             const float* tab) {
+// the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
+// docs/performance.md, fourteenth session.)
+__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int it = blockIdx.x;
-    if (it >= a.nkv * L.S) return false;
-#if SSA_ROPE_TAB
-    if (tab) {
-        for (int i = threadIdx.x; i < (L.hd >> 2); i += SS_NW * 32) cp_async16(L.cs + 4 * i, tab + 4 * i);
-        cp_async_commit();
-    } else
-#endif
-        for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
-            sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
+    if (it >= a.nkv * L.S) return;
+    for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
+        sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
-    ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false, SS_BULK_ON ? bar : nullptr);
-    return SS_BULK_ON;
+    ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false);
 }
 
 // The query heads of KV head g (and, for the item holding the newest key of its own cache, that
@@ -731,7 +595,7 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
 
 // One item: KV head g, keys [k0, k1), its first tile already requested when `staged`.
 __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps,
-                         unsigned long long* tl, uint64_t* tile_bar, unsigned tile_par) {
+                         unsigned long long* tl) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hd = L.hd, r = L.r;
     const ConsumerThreads ct;
     const int g = it / L.S, j = it % L.S;
@@ -757,7 +621,6 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
         }
         ssa_stage(a, L, g, t0, nt, 1, fresh);
         cp_async_wait<0>();
-        if (SS_BULK_ON && staged && t0 == k0) mbar_wait(tile_bar, tile_par);  // ssa_prestage's bulk copies
         ct.sync();
         if (t0 == k0 && it == 0) stamp_at(stamps, 6);
         if (t0 == k0 && staged) ss_tl_at(tl, 4);
@@ -919,24 +782,14 @@ __device__ void ssa_merge(const AttnParams& a, int hd, int S, int o0, int o1, fl
 // The whole operation on this SM (the first item's first tile requested by ssa_prestage).
 // Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
 // items done, 7 every SM's.
-// SSA_ROPE_TAB (`rope` non-null: the step's first attention): this SM's share of the later
-// attentions' tables (attention t by SM gridDim.x - t) before it counts in at the ranges barrier.
 __device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, int pos, unsigned* adone,
-                       unsigned target, unsigned long long* stamps, unsigned long long* tl, uint64_t* tile_bar,
-                       unsigned tile_par, const RopeDesc* rope = nullptr, float* rope_tab = nullptr, int n_attn = 0) {
+                       unsigned target, unsigned long long* stamps, unsigned long long* tl) {
     const int tid = threadIdx.x;
     const ConsumerThreads ct;
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int items = a.nkv * L.S;
     for (int it = blockIdx.x; it < items; it += gridDim.x)
-        ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl, tile_bar, tile_par);
-    if (SSA_ROPE_TAB && rope) {
-        for (int t = (int)gridDim.x - (int)blockIdx.x; t < n_attn; t += gridDim.x) {
-            const RopeDesc d = rope[t];
-            float* cs = rope_tab + (size_t)t * 512;
-            for (int i = tid; i < d.half; i += SS_NW * 32) sincosf((float)L.pos * d.inv_freq[i], &cs[d.half + i], &cs[i]);
-        }
-    }
+        ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl);
     stamp_at(stamps, 1);
     ss_tl_at(tl, 5);
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
@@ -963,8 +816,7 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ unsigned landed_w, wdone_w[SS_NW];
     __shared__ volatile int hold;
     __shared__ unsigned done_base;
-    __shared__ int pos_s;  // SSA_POS_SMEM
-    __shared__ uint64_t bulk_bar[2];  // SS_BULK: a GEMV's constants, an attention's first tile
+    __shared__ int pos_s;  // the step's position (every attention's)
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -983,27 +835,22 @@ __device__ void stream_body(const StreamParams& P) {
 #endif
             asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(ss_smem(&full[i])), "r"(count) : "memory");
         }
-        if (SS_BULK_ON)
-            for (int i = 0; i < 2; i++)
-                asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(ss_smem(&bulk_bar[i])) : "memory");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
         landed_w = 0;
         hold = 0;
-#if SSA_POS_SMEM
-        // The step's position (attention), requested before the counter so both are in flight.
+        // The step's position (attention), read once per launch (every attention's prestage paid
+        // its round trip before its wait: +0.3-0.8% a step, docs/performance.md, fifteenth
+        // session), requested before the counter so both are in flight.
         const int pos = P.pos ? *P.pos : 0;
-#endif
         // Every SM reads the last operation's counter before it publishes anything; no SM can
         // publish the last operation before every SM has published the one before it, so this
         // is the count the previous launches left.
         unsigned v;
         asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(P.done + P.n_ops - 1) : "memory");
         done_base = v;
-#if SSA_POS_SMEM
         pos_s = pos;
-#endif
     }
     if (tid < SS_NW) wdone_w[tid] = 0;
     if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
@@ -1024,12 +871,8 @@ __device__ void stream_body(const StreamParams& P) {
     const unsigned target = done_base + (unsigned)nsm;
     const int avail = P.x_floats + SS_MAXG * 32;  // attention staging: x and the int8 fragments
     int pc = 0;
-    unsigned bulk_par = 0;  // SS_BULK: bit i, the parity of bulk_bar[i]'s phase to wait for
-    int ai = 0;             // attentions before this operation (SSA_ROPE_TAB)
     for (int k = 0; k < P.n_ops; k++) {
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
-        // (Read before the barrier below: warp 2 overwrites this record's slot in operation k + 1.)
-        const unsigned cst_bytes = SS_BULK_ON && op.kind == STEP_GEMV ? ss_cst_bytes(op.g, P.x_floats) : 0u;
         // The next record (and, for a GEMV, this SM's share) staged before this one's wait.
         // (Not by thread 0, which polls: a load here would put its round trip before the poll's
         // on the path of the operation's last SM.)
@@ -1039,37 +882,23 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        // (SSA_ROPE_TAB: from the second attention on, which comes at least two operations after
-        // the first, whose publication the tables precede.)
-        const float* tab = SSA_ROPE_TAB && ai > 0 ? P.rope_tab + (size_t)ai * 512 : nullptr;
-        const bool tile_bulk =
-            op.kind == STEP_ATTN && ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, &bulk_bar[1], tab);
-        if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats, &bulk_bar[0]);
+        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s);
+        if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
-        // SSA_ROPE_TAB: the table's cp.async group (the tile's, after it, may stay in flight).
-        if (SSA_ROPE_TAB && op.kind == STEP_ATTN && ai > 0) cp_async_wait<SS_BULK_ON ? 0 : 1>();
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, &bulk_bar[0],
-                         bulk_par & 1u);
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
-#if SSA_ROPE_TAB
-            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, &bulk_bar[1],
-                   (bulk_par >> 1) & 1u, ai == 0 ? P.rope : nullptr, P.rope_tab, P.n_attn);
-            ai++;
-#else
-            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, &bulk_bar[1],
-                   (bulk_par >> 1) & 1u);
-#endif
+            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
@@ -1086,15 +915,6 @@ __device__ void stream_body(const StreamParams& P) {
             if (stamps) atomicMax(stamps + 5, global_ns());
         }
         stamp_at(stamps, 4);
-        if (SS_BULK_ON) {
-            // Every phase begun is waited for before the next begins (an SM without units skips
-            // the GEMV's prologue, and with it the wait there).
-            if (cst_bytes) {
-                mbar_wait(&bulk_bar[0], bulk_par & 1u);
-                bulk_par ^= 1u;
-            }
-            if (tile_bulk) bulk_par ^= 2u;
-        }
     }
     // Let the producer finish (cells of GEMVs this SM had no units of are none; this releases all).
     R.release_to(0xffffffffu - SS_CH);

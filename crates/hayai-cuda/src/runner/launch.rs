@@ -167,22 +167,6 @@ pub(crate) struct StreamParams {
     pub(crate) attn_tk: i32,
     /// The step's position (`step_io[1]`, every attention's `pos`), read once at the start.
     pub(crate) pos: u64,
-    /// `[n_attn]` [`RopeDesc`]: each attention's RoPE frequencies, in operation order, and
-    /// `[n_attn][512]` floats where the step's cosines and sines for them go
-    /// (kernels/stream_step.cu `SSA_ROPE_TAB`).
-    pub(crate) rope: u64,
-    pub(crate) rope_tab: u64,
-    pub(crate) n_attn: i32,
-    pub(crate) _pad: i32,
-}
-/// An attention's RoPE frequencies for the streamed step's per-launch table (`SSA_ROPE_TAB`).
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug, PartialEq)]
-pub(crate) struct RopeDesc {
-    pub(crate) inv_freq: u64,
-    /// head dim / 2: the frequencies' count
-    pub(crate) half: i32,
-    pub(crate) _pad: i32,
 }
 /// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`), its threads,
 /// and the bytes of one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments

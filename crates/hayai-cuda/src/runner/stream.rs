@@ -81,12 +81,7 @@ impl CudaRunner {
             .iter()
             .map(|l| (l.kernel, l.label, &l.params[..]))
             .collect();
-        let StreamRecords {
-            bytes,
-            n_gemv,
-            pos,
-            rope,
-        } = stream_records(&ops, &st.labels, &streams.ops)?;
+        let StreamRecords { bytes, n_gemv, pos } = stream_records(&ops, &st.labels, &streams.ops)?;
         let n = ops.len();
         let meta = timeline_meta(&ops, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
@@ -97,16 +92,6 @@ impl CudaRunner {
         let base = self.gpu.upload(&sm_base)?;
         let cells = self.gpu.upload(&sm_cells)?;
         let shares = self.gpu.upload(&shares)?;
-        // Each attention's RoPE frequencies and room for their cosines and sines at the step's
-        // position (hd <= 512: 512 floats each; the kernel's SSA_ROPE_TAB builds use them).
-        let n_attn = rope.len();
-        let none = [RopeDesc::default()];
-        let rope_desc = self.gpu.upload(if rope.is_empty() {
-            &none[..]
-        } else {
-            &rope[..]
-        })?;
-        let rope_tab = self.gpu.alloc(n_attn.max(1) * 512 * 4)?;
         // [2][n]: each operation's SM count, then each attention's ranges-stored count.
         let done = self.gpu.alloc(2 * n * 4)?;
         // The per-operation stamps, then (SS_TIMELINE builds) every SM's per-operation stamps and
@@ -134,10 +119,6 @@ impl CudaRunner {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
             pos,
-            rope: rope_desc.ptr(),
-            rope_tab: rope_tab.ptr(),
-            n_attn: n_attn as i32,
-            _pad: 0,
         };
         let launch = |p: &StreamParams| {
             Launch::new(
@@ -162,9 +143,7 @@ impl CudaRunner {
             params: p,
             launch: l.clone(),
         });
-        self.step_bufs = vec![
-            ops, stream, base, cells, shares, done, timing, rope_desc, rope_tab,
-        ];
+        self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
         Ok(l)
     }
 
@@ -353,8 +332,8 @@ fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -
 /// (kernels/step.cu `StepOp`: kind, then for a GEMV its ordinal among the GEMVs, which indexes
 /// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
 /// same order with the same shapes and K splits (labels from `step_streams`), and the attentions
-/// against what the kernel assumes of them: one position for all (it reads it once), RoPE
-/// frequencies it can copy 16 bytes at a time (head dims: `stream_config`).
+/// against what the kernel assumes of them: one position for all (it reads it once; head dims:
+/// `stream_config`).
 fn stream_records(
     ops: &[(&str, &str, &[u64])],
     labels: &[&str],
@@ -367,8 +346,6 @@ fn stream_records(
     let mut bytes = vec![0u8; ops.len() * STEP_OP_BYTES];
     let mut gi = 0usize;
     let mut pos = None;
-    let mut rope = Vec::new();
-    let mut first_attn = 0usize;
     for (i, &(kernel, label, words)) in ops.iter().enumerate() {
         let kind: i32 = match kernel {
             "gemv" => 0,
@@ -419,32 +396,11 @@ fn stream_records(
                 return Err(err(format!("{label}: short attention parameters")));
             }
             let a: AttnParams = read_param(words, 0);
-            if a.inv_freq == 0 || a.inv_freq % 16 != 0 {
-                return Err(err(format!(
-                    "{label}: RoPE frequencies at {:#x} (16-byte aligned wanted)",
-                    a.inv_freq
-                )));
-            }
             if *pos.get_or_insert(a.pos) != a.pos {
                 return Err(err(format!(
                     "{label}: reads another position than the step's other attentions"
                 )));
             }
-            // (The kernel's per-launch RoPE tables, written during the first attention, are read
-            // by a later one's prestage, which follows the wait for the operation two before it.)
-            if rope.len() == 1 && i < first_attn + 2 {
-                return Err(err(format!(
-                    "{label}: an attention right after another (operations {first_attn} and {i})"
-                )));
-            }
-            if rope.is_empty() {
-                first_attn = i;
-            }
-            rope.push(RopeDesc {
-                inv_freq: a.inv_freq,
-                half: a.hd / 2,
-                _pad: 0,
-            });
         }
         let op = &mut bytes[i * STEP_OP_BYTES..(i + 1) * STEP_OP_BYTES];
         op[0..4].copy_from_slice(&kind.to_le_bytes());
@@ -461,18 +417,16 @@ fn stream_records(
         bytes,
         n_gemv: gi,
         pos: pos.unwrap_or(0),
-        rope,
     })
 }
 
 /// What `stream_records` makes of a plan: the operation records, the number of GEMVs, the
-/// step's position's address (0 without attention) and each attention's RoPE frequencies.
+/// step's position's address (0 without attention).
 #[derive(Debug)]
 struct StreamRecords {
     bytes: Vec<u8>,
     n_gemv: usize,
     pos: u64,
-    rope: Vec<RopeDesc>,
 }
 
 #[cfg(test)]
@@ -569,12 +523,11 @@ mod tests {
         assert!(meta.ends_with("]]}"));
     }
 
-    fn attn(pos: u64, inv_freq: u64) -> Vec<u64> {
+    fn attn(pos: u64) -> Vec<u64> {
         let a = AttnParams {
             nh: 7,
             hd: 256,
             pos,
-            inv_freq,
             ..Default::default()
         };
         let mut w = vec![0u64; std::mem::size_of::<AttnParams>().div_ceil(8)];
@@ -584,7 +537,7 @@ mod tests {
 
     #[test]
     fn records_carry_kinds_and_gemv_ordinals() {
-        let (qkv, o, att) = (gemv(64, 256, 2), gemv(32, 512, 1), attn(0x1004, 0x2000));
+        let (qkv, o, att) = (gemv(64, 256, 2), gemv(32, 512, 1), attn(0x1004));
         let ops = [
             ("gemv", "gemv.qkv", &qkv[..]),
             ("attn_split", "attention", &att[..]),
@@ -597,15 +550,8 @@ mod tests {
             bytes: b,
             n_gemv: n,
             pos,
-            rope,
         } = stream_records(&ops, &labels, &plans).unwrap();
         assert_eq!((n, pos), (2, 0x1004));
-        let want = RopeDesc {
-            inv_freq: 0x2000,
-            half: 128,
-            _pad: 0,
-        };
-        assert_eq!(rope, [want]);
         assert_eq!(b.len(), 4 * STEP_OP_BYTES);
         let word = |op: usize, at: usize| {
             i32::from_le_bytes(b[op * STEP_OP_BYTES + at..][..4].try_into().unwrap())
@@ -655,16 +601,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no operation for kernel gemv_mma"), "{e}");
-        // Attentions: short parameters, unaligned frequencies, two positions.
-        let (a1, a2, short) = (attn(0x1004, 0x2000), attn(0x1008, 0x2000), vec![7u64; 4]);
+        // Attentions: short parameters, two positions.
+        let (a1, a2, short) = (attn(0x1004), attn(0x1008), vec![7u64; 4]);
         for (ops, want) in [
             (
                 vec![("attn_split", "attention", &short[..])],
                 "short attention",
-            ),
-            (
-                vec![("attn_split", "attention", &attn(0x1004, 0x2008)[..])],
-                "16-byte",
             ),
             (
                 vec![
@@ -672,13 +614,6 @@ mod tests {
                     ("attn_split", "attention", &a2[..]),
                 ],
                 "another position",
-            ),
-            (
-                vec![
-                    ("attn_split", "attention", &a1[..]),
-                    ("attn_split", "attention", &a1[..]),
-                ],
-                "right after another",
             ),
         ] {
             let mut ops = ops;
