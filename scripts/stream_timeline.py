@@ -123,6 +123,22 @@ def main():
             ms = [x * 1e-6 for x in att[1:]]
             print(f"{'attention (last SM)':<28}{att[0]:>4}  inputs {ms[0]:.3f}  items {ms[1]:.3f}"
                   f"  ranges barrier {ms[2]:.3f}  merge {ms[3]:.3f}")
+        # The first item's inputs on every SM that has one (builds stamping slots 2 and 7 too):
+        # ready -> thread 0's q/k/v vector -> every warp's -> the newest row and tile landed.
+        ph = [[], [], []]
+        for k, (kernel, label) in enumerate(meta["ops"]):
+            if kernel != "attn_split":
+                continue
+            for s in range(nsm):
+                st = [op(s, k, i) for i in (1, 2, 7, 4)]
+                if all(st):
+                    for i in range(3):
+                        ph[i].append(max(0, st[i + 1] - st[i]))
+        if ph[0]:
+            q = lambda v, f: sorted(v)[min(len(v) - 1, int(f * len(v)))] * 1e-3
+            print(f"{'attention item inputs (us)':<28}{len(ph[0]):>4}" + "".join(
+                f"  {name} p50 {q(v, 0.5):.2f} p90 {q(v, 0.9):.2f}"
+                for name, v in zip(("q/k/v", "all warps", "row+tile"), ph)))
     # The link from every SM's view: per operation (medians over layers, µs after the previous
     # operation's last publication P) when the first, median and last SM were ready, when the
     # last and median SM began waiting, and each SM's own publication to its next wait (what it

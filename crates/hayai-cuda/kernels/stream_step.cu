@@ -51,8 +51,9 @@
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
 // (before the publication), and for a GEMV its prologue's inputs loaded, residual added, prologue
-// done, cells done (for attention: its first item's inputs ready, its items done, every SM's
-// ranges stored); then per ring chunk [2] = the producer issued it, saw it land (SS_TL_CHUNKS
+// done, cells done (for attention, of its first item: thread 0's q/k/v vector done (slot 2), every
+// warp's (7), the newest row and the tile ready (4); then its items done (5), every SM's ranges
+// stored (6)); then per ring chunk [2] = the producer issued it, saw it land (SS_TL_CHUNKS
 // chunks per SM at most). The host writes them out (HAYAI_STREAM_TIMELINE) for
 // scripts/stream_timeline.py.
 #ifndef SS_TIMELINE
@@ -603,8 +604,10 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
     const bool fresh = a.own_kv && k1 == L.n_keys;  // this item holds the newest key of its own cache
     if (!staged) ssa_stage(a, L, g, k0, min(L.tk, k1 - k0), 0, false);
     ssa_inputs(a, L, g, fresh);
+    if (staged) ss_tl_at(tl, 2);
     for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;
     ct.sync();  // the fresh k/v complete
+    if (staged) ss_tl_at(tl, 7);
     if (fresh) {  // one item per KV head stores the new entry
         float* K = (float*)a.k_cache + ((size_t)g * a.cap + L.pos % a.cap) * hd;
         float* V = (float*)a.v_cache + ((size_t)g * a.cap + L.pos % a.cap) * hd;
