@@ -13,6 +13,9 @@
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
+#         pending-next: the streamed step with the attention's norm weights staged before the
+#         wait (SSA_NORM_SMEM=1): parity, with one key row per tile, then A/B/A/B against the
+#         default (carry target/release/examples/gpu_check and .gpu/gpu_check_norm; ~7 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -38,6 +41,8 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured (stage pending-next): the attention's norm weights staged before the wait.
+  CARGO_TARGET_DIR=target/norm HAYAI_CUDA_DEFINES=-DSSA_NORM_SMEM=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -45,7 +50,9 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl target/release/examples/gpu_check 2>/dev/null || true
+  cp target/norm/release/examples/gpu_check .gpu/gpu_check_norm
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_norm \
+    target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
@@ -120,6 +127,20 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
+  if has pending-next; then
+    # The attention's q/k norm weights staged before the wait (SSA_NORM_SMEM=1): parity (the same
+    # sums: the figures must not move), with one key row per tile (several items per SM: the
+    # second reads the weights from global memory), then A/B/A/B.
+    stage "streamed step: SSA_NORM_SMEM=1"
+    timeout 170 .gpu/gpu_check_norm stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/norm /" | tee -a "$out/session.log"
+    HAYAI_STREAM_ATTN_TK=1 timeout 170 .gpu/gpu_check_norm stream 2>&1 | grep -E "PASS|FAIL|rror|panic" |
+      sed "s/^/norm TK=1 /" | tee -a "$out/session.log"
+    local c
+    for c in "$C" .gpu/gpu_check_norm "$C" .gpu/gpu_check_norm; do
+      echo "-- $c" | tee -a "$out/session.log"
+      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  attention" | tee -a "$out/session.log"
+    done
+  fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
@@ -182,5 +203,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -413,6 +413,16 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // slice of the heads' outputs, so no SM reads all of a head's partials. Same arithmetic as
 // attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).
 #define SSA_MAXR 8  // query heads per KV head
+// SSA_NORM_SMEM=1 (a measurement build, -DSSA_NORM_SMEM=1; not yet run, off): the q and k norm
+// weights copied into shared memory (the p.V accumulators' area, zeroed after the inputs) before
+// the wait, with RoPE's table and the first tile, so the first item's inputs load only the QKV
+// partials after it (the weights, 2 KB a layer, are likely evicted from L2 by the weight stream
+// between steps).
+// The timeline: SMs with items have their first item's inputs 6.5 us after the previous
+// operation's last publication, their wait ending at 1.4.
+#ifndef SSA_NORM_SMEM
+#define SSA_NORM_SMEM 0
+#endif
 #define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge
 
 struct SsaLayout {
@@ -500,6 +510,14 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
     cp_async_commit();
 }
 
+#if SSA_NORM_SMEM
+// Whether the first item's norm weights go through shared memory: room in the p.V accumulators'
+// area (two head vectors) and 16-byte aligned weights.
+__device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayout& L) {
+    return L.r >= 2 && (((uintptr_t)a.q_norm | (uintptr_t)a.k_norm) & 15) == 0;
+}
+#endif
+
 // Before the wait: RoPE's cosines and sines at pos (as norm_rope_heads computes them) and the
 // first item's first tile (everything but the newest row). (Worked out after the wait instead,
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
@@ -509,6 +527,17 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
+#if SSA_NORM_SMEM
+    // The norm weights as a cp.async group of their own, before the tile's (the operation's
+    // first wait takes it: stream_body).
+    if (ssa_norm_smem(a, L)) {
+        for (int i = threadIdx.x; i < (L.hd >> 2); i += SS_NW * 32) {
+            if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
+            if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
+        }
+    }
+    cp_async_commit();
+#endif
     for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
@@ -520,7 +549,17 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
 // rotated; as norm_rope_heads (the squares summed in another order). A lane holds the pairs
 // (i, i + hd/2) it rotates, every load of a partial issued together with the weights'.
 #define SSA_MAXP 8  // pairs per lane: head dim <= 512
+#if SSA_NORM_SMEM
+// (qw, kw: the norm weights, in shared memory or global.)
+__device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh, const float* qw,
+                           const float* kw) {
+#define SSA_QW qw
+#define SSA_KW kw
+#else
 __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh) {
+#define SSA_QW a.q_norm  // (the default's code as measured: the weights read where they are used)
+#define SSA_KW a.k_norm
+#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = L.hd, half = hd >> 1, np = half >> 5;
     const int jobs = L.r + (fresh ? 2 : 0);
     for (int jb = warp; jb < jobs; jb += SS_NW) {
@@ -531,11 +570,11 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         if (jb < L.r) {
             src = a.qkv + (size_t)(g * L.r + jb) * hd;
             dst = L.q + jb * hd;
-            w = a.q_norm;
+            w = SSA_QW;
         } else if (jb == L.r) {
             src = a.qkv + (size_t)(a.nh + g) * hd;
             dst = L.kf;
-            w = a.k_norm;
+            w = SSA_KW;
         } else {
             src = a.qkv + (size_t)(a.nh + a.nkv + g) * hd;
             dst = L.vf;
@@ -593,6 +632,8 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         }
     }
 }
+#undef SSA_QW
+#undef SSA_KW
 
 // One item: KV head g, keys [k0, k1), its first tile already requested when `staged`.
 __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps,
@@ -603,10 +644,18 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
     const int k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
     const bool fresh = a.own_kv && k1 == L.n_keys;  // this item holds the newest key of its own cache
     if (!staged) ssa_stage(a, L, g, k0, min(L.tk, k1 - k0), 0, false);
+#if SSA_NORM_SMEM
+    const bool wsm = staged && ssa_norm_smem(a, L);  // ssa_prestage copied them into L.o
+    ssa_inputs(a, L, g, fresh, a.q_norm && wsm ? L.o : a.q_norm, a.k_norm && wsm ? L.o + hd : a.k_norm);
+    if (staged) ss_tl_at(tl, 2);
+    ct.sync();  // the fresh k/v complete, the weights in L.o read
+    for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;  // (ordered before p.V by the tile's barrier)
+#else
     ssa_inputs(a, L, g, fresh);
     if (staged) ss_tl_at(tl, 2);
     for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;
     ct.sync();  // the fresh k/v complete
+#endif
     if (staged) ss_tl_at(tl, 7);
     if (fresh) {  // one item per KV head stores the new entry
         float* K = (float*)a.k_cache + ((size_t)g * a.cap + L.pos % a.cap) * hd;
@@ -893,6 +942,11 @@ __device__ void stream_body(const StreamParams& P) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
+#if SSA_NORM_SMEM
+        // The norm weights' group (the tile's, after it, may stay in flight; an SM without an
+        // item committed neither).
+        if (op.kind == STEP_ATTN) cp_async_wait<1>();
+#endif
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
