@@ -423,6 +423,14 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #ifndef SSA_NORM_SMEM
 #define SSA_NORM_SMEM 0
 #endif
+// SSA_TILE2=1 (a measurement build, -DSSA_TILE2=1; not yet run, off): a tile's K rows and V rows
+// as two cp.async groups, the scores waiting only for the K rows (the V rows land during the
+// scores and softmax); and where the cache is a donor's (a KV-shared layer), its newest row too
+// is requested with the others (before the wait: the donor's attention, an earlier layer's, is
+// at least two operations back, since this one's QKV projection comes between), not after it.
+#ifndef SSA_TILE2
+#define SSA_TILE2 0
+#endif
 #define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge
 
 struct SsaLayout {
@@ -479,6 +487,30 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
     const int tid = threadIdx.x, hd = L.hd, c4 = hd >> 2;
     const float* K = a.k_cache + (size_t)g * a.cap * hd;
     const float* V = a.v_cache + (size_t)g * a.cap * hd;
+#if SSA_TILE2
+    if (phase == 0) {
+        const int warp = tid >> 5, lane = tid & 31;
+        for (int kv = 0; kv < 2; kv++) {  // the K rows' group, then the V rows'
+            for (int row = warp; row < nr; row += SS_NW) {
+                const int kp = L.first + kb + row;
+                if (kp == L.pos && a.own_kv) continue;  // this step's, computed by its item
+                const size_t src = (size_t)(kp % a.cap) * hd;
+                for (int c = lane; c < c4; c += 32)
+                    cp_async16((kv ? L.vt : L.kt) + row * hd + 4 * c, (kv ? V : K) + src + 4 * c);
+            }
+            cp_async_commit();
+        }
+        return;
+    }
+    // The newest row of the item's own cache (a donor's newest row came with phase 0).
+    const int row = L.pos - L.first - kb;
+    if (!fresh || row < 0 || row >= nr) return;
+    for (int i = tid; i < 2 * c4; i += SS_NW * 32) {
+        const bool isv = i >= c4;
+        const int c = isv ? i - c4 : i;
+        *(float4*)((isv ? L.vt : L.kt) + row * hd + 4 * c) = *(const float4*)((isv ? L.vf : L.kf) + 4 * c);
+    }
+#else
     if (phase == 0) {
         // A warp per row: the row's ring slot worked out once, not per 16 bytes (the requests
         // are issued before the previous operation's wait, where their instructions count).
@@ -508,6 +540,7 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
             cp_async16(dst, (isv ? V : K) + (size_t)(L.pos % a.cap) * hd + 4 * c);
     }
     cp_async_commit();
+#endif
 }
 
 #if SSA_NORM_SMEM
@@ -672,7 +705,7 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
             ssa_stage(a, L, g, t0, nt, 0, false);
         }
         ssa_stage(a, L, g, t0, nt, 1, fresh);
-        cp_async_wait<0>();
+        cp_async_wait<SSA_TILE2 ? 1 : 0>();  // (SSA_TILE2: the K rows; the V rows may still land)
         ct.sync();
         if (t0 == k0 && it == 0) stamp_at(stamps, 6);
         if (t0 == k0 && staged) ss_tl_at(tl, 4);
@@ -724,6 +757,7 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
                 L.corr[warp] = corr;
             }
         }
+        if (SSA_TILE2) cp_async_wait<0>();  // the V rows
         ct.sync();
         if (t0 == k0 && it == 0) stamp_at(stamps, 2);
         // p.V: a thread per dimension and four heads, each V value read once; per (head,
