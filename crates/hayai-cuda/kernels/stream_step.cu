@@ -415,11 +415,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #define SSA_MAXR 8  // query heads per KV head
 // SSA_NORM_SMEM=1 (a measurement build, -DSSA_NORM_SMEM=1; not yet run, off): the q and k norm
 // weights copied into shared memory (the p.V accumulators' area, zeroed after the inputs) before
-// the wait, with RoPE's table and the first tile, so the first item's inputs load only the QKV
-// partials after it (the weights, 2 KB a layer, are likely evicted from L2 by the weight stream
-// between steps).
-// The timeline: SMs with items have their first item's inputs 6.5 us after the previous
-// operation's last publication, their wait ending at 1.4.
+// the wait, beside RoPE's cosines and sines and the first tile, so the first item's inputs load
+// only the QKV partials after it (the weights, 2 KB a layer, are likely evicted from L2 by the
+// weight stream between steps). The timeline: SMs with items have their first item's inputs
+// 6.5 us after the previous operation's last publication, their wait ending at 1.4.
 #ifndef SSA_NORM_SMEM
 #define SSA_NORM_SMEM 0
 #endif
