@@ -23,6 +23,11 @@ from collections import OrderedDict
 from statistics import median
 
 
+def pct_us(v, f):
+    """The f-quantile of nanosecond values v (sorted), in µs."""
+    return v[min(len(v) - 1, int(f * len(v)))] * 1e-3
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -135,9 +140,8 @@ def main():
                     for i in range(3):
                         ph[i].append(max(0, st[i + 1] - st[i]))
         if ph[0]:
-            q = lambda v, f: sorted(v)[min(len(v) - 1, int(f * len(v)))] * 1e-3
             print(f"{'attention item inputs (us)':<28}{len(ph[0]):>4}" + "".join(
-                f"  {name} p50 {q(v, 0.5):.2f} p90 {q(v, 0.9):.2f}"
+                f"  {name} p50 {pct_us(sorted(v), 0.5):.2f} p90 {pct_us(sorted(v), 0.9):.2f}"
                 for name, v in zip(("q/k/v", "all warps", "row+tile"), ph)))
     # The link from every SM's view: per operation (medians over layers, µs after the previous
     # operation's last publication P) when the first, median and last SM were ready, when the
@@ -165,7 +169,7 @@ def main():
            if chunk(s, c, 0) and chunk(s, c, 1)]
     if lat:
         lat.sort()
-        q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] * 1e-3
+        q = lambda f: pct_us(lat, f)
         print(f"chunk issue->landed (us): p10 {q(0.1):.2f} p50 {q(0.5):.2f} p90 {q(0.9):.2f} p99 {q(0.99):.2f}"
               f" ({len(lat)} chunks)")
 
