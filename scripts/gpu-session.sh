@@ -11,13 +11,10 @@
 #         target/release/examples/gpu_check and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
+#         (ppl: the batched prefill's bf16 and int4, then int4 scored one decode step per token:
+#         the launch plan W4A16 and the streamed step W4A8; ~4 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-next: parity of the streamed step with the attention's norm weights staged
-#         before the wait (SSA_NORM_SMEM=1) and with a tile's K and V rows as two groups
-#         (SSA_TILE2=1), also with one key row per tile (~9 min); pending-next2: A/B/A/B/A/B of
-#         the two against the default (~6 min); carry target/release/examples/gpu_check and
-#         .gpu/gpu_check_norm .gpu/gpu_check_tile2;
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -43,10 +40,6 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stages pending-next, pending-next2): the attention's norm weights staged
-  # before the wait; a tile's K and V rows as two groups.
-  CARGO_TARGET_DIR=target/norm HAYAI_CUDA_DEFINES=-DSSA_NORM_SMEM=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/tile2 HAYAI_CUDA_DEFINES=-DSSA_TILE2=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -54,9 +47,7 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  cp target/norm/release/examples/gpu_check .gpu/gpu_check_norm
-  cp target/tile2/release/examples/gpu_check .gpu/gpu_check_tile2
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_norm .gpu/gpu_check_tile2 \
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -132,27 +123,6 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
-  if has pending-next; then
-    # The attention's q/k norm weights staged before the wait (norm: SSA_NORM_SMEM=1) and a
-    # tile's K and V rows as two groups (tile2: SSA_TILE2=1): parity (the same sums: the figures
-    # must not move), also with one key row per tile (several tiles, several items per SM: the
-    # paths after the wait).
-    stage "streamed step: SSA_NORM_SMEM=1, SSA_TILE2=1: parity"
-    local c
-    for c in norm tile2; do
-      timeout 150 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
-      HAYAI_STREAM_ATTN_TK=1 timeout 120 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" |
-        sed "s/^/$c TK=1 /" | tee -a "$out/session.log"
-    done
-  fi
-  if has pending-next2; then
-    stage "streamed step: SSA_NORM_SMEM=1, SSA_TILE2=1: A/B"
-    local c
-    for c in "$C" .gpu/gpu_check_norm .gpu/gpu_check_tile2 "$C" .gpu/gpu_check_norm .gpu/gpu_check_tile2; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  attention" | tee -a "$out/session.log"
-    done
-  fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
@@ -215,5 +185,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

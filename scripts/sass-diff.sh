@@ -8,6 +8,8 @@
 #   `all`: every kernel in either build (for changes to shared device code).
 # Prints, per kernel, "same", "new" or "DIFFERS" with the instruction counts; exit 1 if any differs.
 # Instruction text is compared without addresses, so moved code with the same instructions is the same.
+# HAYAI_SASS_OLD_DEFINES="-DX=1 ..." compiles REV with those switches (a measurement build made the
+# default: the new code must be the build that was measured).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -33,15 +35,16 @@ command -v cuobjdump >/dev/null && command -v nvdisasm >/dev/null ||
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cubin() {  # $1: kernels directory, $2: output cubin
+cubin() {  # $1: kernels directory, $2: output cubin, then extra nvcc flags
   local unit="$work/unit-$(basename "$2").cu" f
   : > "$unit"
   for f in "$1"/*.cu; do echo "#include \"$f\"" >> "$unit"; done
-  "$nvcc" -cubin -O3 -std=c++17 -I "$1" -gencode="arch=compute_${arch#sm_},code=$arch" -o "$2" "$unit"
+  "$nvcc" -cubin -O3 -std=c++17 -I "$1" -gencode="arch=compute_${arch#sm_},code=$arch" "${@:3}" -o "$2" "$unit"
 }
 mkdir -p "$work/old"
 git archive "$rev" crates/hayai-cuda/kernels | tar -x -C "$work/old" || exit 2
-cubin "$work/old/crates/hayai-cuda/kernels" "$work/old.cubin" || exit 2
+read -ra old_defines <<< "${HAYAI_SASS_OLD_DEFINES:-}"
+cubin "$work/old/crates/hayai-cuda/kernels" "$work/old.cubin" "${old_defines[@]}" || exit 2
 cubin "$root/crates/hayai-cuda/kernels" "$work/new.cubin" || exit 2
 
 sass() {  # instruction text of kernel $2 in cubin $1, one per line, without addresses

@@ -413,23 +413,13 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // slice of the heads' outputs, so no SM reads all of a head's partials. Same arithmetic as
 // attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).
 #define SSA_MAXR 8  // query heads per KV head
-// SSA_NORM_SMEM=1 (a measurement build, -DSSA_NORM_SMEM=1; not yet run, off): the q and k norm
-// weights copied into shared memory (the p.V accumulators' area, zeroed after the inputs) before
-// the wait, beside RoPE's cosines and sines and the first tile, so the first item's inputs load
-// only the QKV partials after it (the weights, 2 KB a layer, are likely evicted from L2 by the
-// weight stream between steps). The timeline: SMs with items have their first item's inputs
-// 6.5 us after the previous operation's last publication, their wait ending at 1.4.
-#ifndef SSA_NORM_SMEM
-#define SSA_NORM_SMEM 0
-#endif
-// SSA_TILE2=1 (a measurement build, -DSSA_TILE2=1; not yet run, off): a tile's K rows and V rows
-// as two cp.async groups, the scores waiting only for the K rows (the V rows land during the
-// scores and softmax); and where the cache is a donor's (a KV-shared layer), its newest row too
-// is requested with the others (before the wait: the donor's attention, an earlier layer's, is
-// at least two operations back, since this one's QKV projection comes between), not after it.
-#ifndef SSA_TILE2
-#define SSA_TILE2 0
-#endif
+// Before the wait, besides the first tile, the first item's q and k norm weights go to shared
+// memory (the p.V accumulators' area, zeroed after the inputs; 2 KB a layer, likely evicted from
+// L2 by the weight stream between steps), so after it the item loads only the QKV partials; and a
+// tile's K rows and V rows are two cp.async groups, the scores waiting only for the K rows (the V
+// rows land during the scores and softmax). Measured together: 501.1-502.3 -> 508.3-510.2 tok/s
+// on E4B shapes, attention inputs 0.161-0.164 -> 0.101-0.105 ms a step (docs/performance.md,
+// sixteenth session).
 #define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge
 
 struct SsaLayout {
@@ -479,14 +469,15 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
     return L;
 }
 
-// Rows [kb, kb + nr) of KV head g into the tile: phase 0 every row but the newest (written by
-// earlier steps: may be requested before the wait), by cp.async; phase 1 the newest, from the
-// fresh k/v this item computed (own cache) or from the cache its donor wrote in this step.
+// Rows [kb, kb + nr) of KV head g into the tile: phase 0 by cp.async, the K rows' group then the
+// V rows' (may be requested before the wait), every row but the item's own newest, which phase 1
+// copies from the fresh k/v it computed. Where the cache is a donor's (a KV-shared layer) its
+// newest row comes with phase 0: the donor's attention, an earlier layer's, is at least two
+// operations back (this layer's QKV projection comes between).
 __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh) {
     const int tid = threadIdx.x, hd = L.hd, c4 = hd >> 2;
     const float* K = a.k_cache + (size_t)g * a.cap * hd;
     const float* V = a.v_cache + (size_t)g * a.cap * hd;
-#if SSA_TILE2
     if (phase == 0) {
         const int warp = tid >> 5, lane = tid & 31;
         for (int kv = 0; kv < 2; kv++) {  // the K rows' group, then the V rows'
@@ -509,49 +500,16 @@ __device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb
         const int c = isv ? i - c4 : i;
         *(float4*)((isv ? L.vt : L.kt) + row * hd + 4 * c) = *(const float4*)((isv ? L.vf : L.kf) + 4 * c);
     }
-#else
-    if (phase == 0) {
-        // A warp per row: the row's ring slot worked out once, not per 16 bytes (the requests
-        // are issued before the previous operation's wait, where their instructions count).
-        const int warp = tid >> 5, lane = tid & 31;
-        for (int row = warp; row < nr; row += SS_NW) {
-            const int kp = L.first + kb + row;
-            if (kp == L.pos) continue;
-            const size_t src = (size_t)(kp % a.cap) * hd;
-            for (int i = lane; i < 2 * c4; i += 32) {
-                const bool isv = i >= c4;
-                const int c = isv ? i - c4 : i;
-                cp_async16((isv ? L.vt : L.kt) + row * hd + 4 * c, (isv ? V : K) + src + 4 * c);
-            }
-        }
-        cp_async_commit();
-        return;
-    }
-    const int row = L.pos - L.first - kb;
-    if (row < 0 || row >= nr) return;
-    for (int i = tid; i < 2 * c4; i += SS_NW * 32) {
-        const bool isv = i >= c4;
-        const int c = isv ? i - c4 : i;
-        float* dst = (isv ? L.vt : L.kt) + row * hd + 4 * c;
-        if (fresh)
-            *(float4*)dst = *(const float4*)((isv ? L.vf : L.kf) + 4 * c);
-        else
-            cp_async16(dst, (isv ? V : K) + (size_t)(L.pos % a.cap) * hd + 4 * c);
-    }
-    cp_async_commit();
-#endif
 }
 
-#if SSA_NORM_SMEM
 // Whether the first item's norm weights go through shared memory: room in the p.V accumulators'
 // area (two head vectors) and 16-byte aligned weights.
 __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayout& L) {
     return L.r >= 2 && (((uintptr_t)a.q_norm | (uintptr_t)a.k_norm) & 15) == 0;
 }
-#endif
 
-// Before the wait: RoPE's cosines and sines at pos (as norm_rope_heads computes them) and the
-// first item's first tile (everything but the newest row). (Worked out after the wait instead,
+// Before the wait: the first item's norm weights, RoPE's cosines and sines at pos (as
+// norm_rope_heads computes them) and its first tile. (Worked out after the wait instead,
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
@@ -559,7 +517,6 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
-#if SSA_NORM_SMEM
     // The norm weights as a cp.async group of their own, before the tile's (the operation's
     // first wait takes it: stream_body).
     if (ssa_norm_smem(a, L)) {
@@ -569,7 +526,6 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
         }
     }
     cp_async_commit();
-#endif
     for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
@@ -581,17 +537,9 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
 // rotated; as norm_rope_heads (the squares summed in another order). A lane holds the pairs
 // (i, i + hd/2) it rotates, every load of a partial issued together with the weights'.
 #define SSA_MAXP 8  // pairs per lane: head dim <= 512
-#if SSA_NORM_SMEM
 // (qw, kw: the norm weights, in shared memory or global.)
 __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh, const float* qw,
                            const float* kw) {
-#define SSA_QW qw
-#define SSA_KW kw
-#else
-__device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh) {
-#define SSA_QW a.q_norm  // (the default's code as measured: the weights read where they are used)
-#define SSA_KW a.k_norm
-#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = L.hd, half = hd >> 1, np = half >> 5;
     const int jobs = L.r + (fresh ? 2 : 0);
     for (int jb = warp; jb < jobs; jb += SS_NW) {
@@ -602,11 +550,11 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         if (jb < L.r) {
             src = a.qkv + (size_t)(g * L.r + jb) * hd;
             dst = L.q + jb * hd;
-            w = SSA_QW;
+            w = qw;
         } else if (jb == L.r) {
             src = a.qkv + (size_t)(a.nh + g) * hd;
             dst = L.kf;
-            w = SSA_KW;
+            w = kw;
         } else {
             src = a.qkv + (size_t)(a.nh + a.nkv + g) * hd;
             dst = L.vf;
@@ -664,8 +612,6 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         }
     }
 }
-#undef SSA_QW
-#undef SSA_KW
 
 // One item: KV head g, keys [k0, k1), its first tile already requested when `staged`.
 __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps,
@@ -676,18 +622,11 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
     const int k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
     const bool fresh = a.own_kv && k1 == L.n_keys;  // this item holds the newest key of its own cache
     if (!staged) ssa_stage(a, L, g, k0, min(L.tk, k1 - k0), 0, false);
-#if SSA_NORM_SMEM
     const bool wsm = staged && ssa_norm_smem(a, L);  // ssa_prestage copied them into L.o
     ssa_inputs(a, L, g, fresh, a.q_norm && wsm ? L.o : a.q_norm, a.k_norm && wsm ? L.o + hd : a.k_norm);
     if (staged) ss_tl_at(tl, 2);
     ct.sync();  // the fresh k/v complete, the weights in L.o read
     for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;  // (ordered before p.V by the tile's barrier)
-#else
-    ssa_inputs(a, L, g, fresh);
-    if (staged) ss_tl_at(tl, 2);
-    for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;
-    ct.sync();  // the fresh k/v complete
-#endif
     if (staged) ss_tl_at(tl, 7);
     if (fresh) {  // one item per KV head stores the new entry
         float* K = (float*)a.k_cache + ((size_t)g * a.cap + L.pos % a.cap) * hd;
@@ -704,7 +643,7 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
             ssa_stage(a, L, g, t0, nt, 0, false);
         }
         ssa_stage(a, L, g, t0, nt, 1, fresh);
-        cp_async_wait<SSA_TILE2 ? 1 : 0>();  // (SSA_TILE2: the K rows; the V rows may still land)
+        cp_async_wait<1>();  // the K rows (the V rows may still land)
         ct.sync();
         if (t0 == k0 && it == 0) stamp_at(stamps, 6);
         if (t0 == k0 && staged) ss_tl_at(tl, 4);
@@ -756,7 +695,7 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
                 L.corr[warp] = corr;
             }
         }
-        if (SSA_TILE2) cp_async_wait<0>();  // the V rows
+        cp_async_wait<0>();  // the V rows
         ct.sync();
         if (t0 == k0 && it == 0) stamp_at(stamps, 2);
         // p.V: a thread per dimension and four heads, each V value read once; per (head,
@@ -975,11 +914,9 @@ __device__ void stream_body(const StreamParams& P) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
-#if SSA_NORM_SMEM
-        // The norm weights' group (the tile's, after it, may stay in flight; an SM without an
-        // item committed neither).
+        // The norm weights' group and the tile's K rows (the V rows may stay in flight; an SM
+        // without an item committed none).
         if (op.kind == STEP_ATTN) cp_async_wait<1>();
-#endif
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
