@@ -96,6 +96,8 @@ pub struct ModelArgs {
     /// the others measure what a kernel with such activations would cost in quality).
     #[arg(long, value_enum, default_value = "f32")]
     pub cpu_matmul_inputs: CpuMatmulInputs,
+    #[command(flatten)]
+    pub variant: GpuVariantArgs,
 }
 
 pub struct Loaded {
@@ -183,8 +185,9 @@ pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         if args.cpu_matmul_inputs != CpuMatmulInputs::F32 {
             anyhow::bail!("--cpu-matmul-inputs applies to the CPU backend only (use --device cpu)");
         }
-        return crate::setup::cuda_runner(l, args.quant, args.prefill);
+        return crate::setup::cuda_runner(l, args);
     }
+    args.variant.require_default_on_cpu()?;
     let model = match args.quant {
         Quant::Native => l.model.clone(),
         Quant::Bf16 => Arc::new(crate::setup::round_model_bf16(&l.model)),
@@ -628,13 +631,11 @@ pub struct BenchEngineArgs {
     /// back, each layer's weights from DRAM), with and without its prologue's norms.
     #[arg(long)]
     ops: bool,
-    #[command(flatten)]
-    variant: GpuVariantArgs,
 }
 
 /// Decode-kernel variants of the CUDA backend, for A/B measurements (the defaults are the
-/// measured best; docs/performance.md).
-#[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// measured best; docs/performance.md); every in-process command takes them.
+#[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuVariantArgs {
     /// Launch without programmatic dependent launch (sm_90+ only has it).
     #[arg(long)]
@@ -718,6 +719,27 @@ fn parse_min_keys(v: &str) -> Result<usize, String> {
 }
 
 impl GpuVariantArgs {
+    /// The variants as parsed from no flags (clap's defaults: `Default` would give 0 where a
+    /// flag's default value is not).
+    pub fn defaults() -> GpuVariantArgs {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            v: GpuVariantArgs,
+        }
+        <Only as clap::Parser>::parse_from(["hayai"]).v
+    }
+
+    /// The variants select CUDA kernels: on the CPU backend anything but the defaults is an error.
+    pub fn require_default_on_cpu(&self) -> Result<()> {
+        if *self != GpuVariantArgs::defaults() {
+            bail!(
+                "decode-kernel variants (--streamed-step, --no-pdl, --persistent-gemv, --no-tc-gemv, ...) apply to the CUDA backend only (use --device cuda on a machine with a GPU)"
+            );
+        }
+        Ok(())
+    }
+
     /// `o` with these variants switched on (or PDL off).
     pub fn apply(&self, o: hayai_cuda::CudaOptions) -> hayai_cuda::CudaOptions {
         hayai_cuda::CudaOptions {
@@ -752,5 +774,5 @@ impl GpuVariantArgs {
 }
 
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
-    crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json, a.ops, a.variant)
+    crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json, a.ops)
 }

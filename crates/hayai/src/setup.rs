@@ -25,16 +25,12 @@ fn cuda_quant(q: Quant) -> hayai_cuda::Quant {
     }
 }
 
-pub fn cuda_runner(
-    l: &Loaded,
-    quant: Quant,
-    prefill: crate::local::Prefill,
-) -> Result<Box<dyn Runner>> {
-    let opts = hayai_cuda::CudaOptions {
-        quant: cuda_quant(quant),
-        batched_prefill: prefill == crate::local::Prefill::Batched,
+pub fn cuda_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    let opts = args.variant.apply(hayai_cuda::CudaOptions {
+        quant: cuda_quant(args.quant),
+        batched_prefill: args.prefill == crate::local::Prefill::Batched,
         ..Default::default()
-    };
+    });
     hayai_cuda::load_runner(l.model.clone(), opts).context("starting the CUDA backend")
 }
 
@@ -108,8 +104,8 @@ pub fn bench_engine(
     gen: usize,
     as_json: bool,
     ops: bool,
-    variant: crate::local::GpuVariantArgs,
 ) -> Result<ExitCode> {
+    let variant = args.variant;
     let (name, model) = bench_model(args)?;
     let use_cuda = match args.device {
         crate::local::Device::Cpu => false,
@@ -121,10 +117,8 @@ pub fn bench_engine(
             "--ops times the CUDA backend's kernels (use --device cuda on a machine with a GPU)"
         );
     }
-    if !use_cuda && variant != crate::local::GpuVariantArgs::default() {
-        anyhow::bail!(
-            "decode-kernel variants (--no-pdl, --persistent-gemv, --no-tc-gemv, ...) apply to the CUDA backend only (use --device cuda on a machine with a GPU)"
-        );
+    if !use_cuda {
+        variant.require_default_on_cpu()?;
     }
     if use_cuda {
         let opts = hayai_cuda::BenchOptions {

@@ -246,6 +246,40 @@ fn malformed_inputs_fail_clearly() {
         None,
     );
     fails_with(&out, "CUDA backend only");
+    // Without variants the CPU backend runs (the flags' own defaults are not variants).
+    let out = run(
+        hayai().args([
+            "bench-engine",
+            "--model",
+            &m,
+            "--device",
+            "cpu",
+            "--prompt-len",
+            "2",
+            "--gen",
+            "2",
+            "--json",
+        ]),
+        None,
+    );
+    ok_json(&out);
+    // Every in-process command takes the variants (e.g. `ppl --streamed-step`), CUDA only.
+    let out = run(
+        hayai().args([
+            "generate",
+            "--model",
+            &m,
+            "--device",
+            "cpu",
+            "--streamed-step",
+            "--prompt-ids",
+            "2,3",
+            "--max-tokens",
+            "1",
+        ]),
+        None,
+    );
+    fails_with(&out, "CUDA backend only");
     let out = run(
         hayai().args(["bench-engine", "--model", &m, "--device", "cpu", "--ops"]),
         None,
