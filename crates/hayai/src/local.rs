@@ -71,6 +71,20 @@ pub enum Quant {
     Bf16,
     /// int4 group-128, symmetric, bf16 scales (RTN at load).
     Int4,
+    /// int4 weights as `int4`, each int4 product's input rounded to int8 per 128 columns (W4A8:
+    /// another arithmetic than int4's W4A16; the streamed step's).
+    #[value(name = "int4-a8")]
+    Int4A8,
+}
+
+impl Quant {
+    /// The CPU reference's rounding of matrix-product inputs this format implies, if any.
+    pub fn matmul_inputs(self) -> Option<hayai_model::cpu::MatmulInputs> {
+        match self {
+            Quant::Int4A8 => Some(hayai_model::cpu::MatmulInputs::Int8 { group: 128 }),
+            Quant::Native | Quant::Bf16 | Quant::Int4 => None,
+        }
+    }
 }
 
 /// Model selection shared by every in-process command.
@@ -188,14 +202,26 @@ pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         return crate::setup::cuda_runner(l, args);
     }
     args.variant.require_default_on_cpu()?;
+    Ok(Box::new(cpu_runner(l.model.clone(), args)?))
+}
+
+/// The CPU reference for `model` in the requested weight format and matrix-product inputs.
+pub fn cpu_runner(model: Arc<Model>, args: &ModelArgs) -> Result<CpuRunner> {
+    let inputs = match (args.quant.matmul_inputs(), args.cpu_matmul_inputs) {
+        (None, c) => c.into(),
+        (Some(m), CpuMatmulInputs::F32) => m,
+        (Some(_), _) => bail!(
+            "--quant int4-a8 fixes the matrix products' inputs (int8 per 128 columns); drop --cpu-matmul-inputs"
+        ),
+    };
     let model = match args.quant {
-        Quant::Native => l.model.clone(),
-        Quant::Bf16 => Arc::new(crate::setup::round_model_bf16(&l.model)),
-        Quant::Int4 => Arc::new(crate::setup::quantize_model_int4(&l.model)),
+        Quant::Native => model,
+        Quant::Bf16 => Arc::new(crate::setup::round_model_bf16(&model)),
+        Quant::Int4 | Quant::Int4A8 => Arc::new(crate::setup::quantize_model_int4(&model)),
     };
     let mut r = CpuRunner::new(model)?;
-    r.set_matmul_inputs(args.cpu_matmul_inputs.into());
-    Ok(Box::new(r))
+    r.set_matmul_inputs(inputs);
+    Ok(r)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -408,7 +434,7 @@ fn generate_speculative(
     }
     let asst = hayai_model::assistant::Assistant::load_hf_dir(assistant)
         .with_context(|| format!("loading the assistant {}", assistant.display()))?;
-    let runner = CpuRunner::new(l.model.clone())?;
+    let runner = cpu_runner(l.model.clone(), &a.model)?;
     let mut mtp = CpuMtp::new(runner, Arc::new(asst))?;
     let cfg = SpecConfig {
         draft_len: a.draft_len,
@@ -679,10 +705,6 @@ pub struct GpuVariantArgs {
     /// split of the plan takes part).
     #[arg(long, default_value_t = 32, value_name = "N", value_parser = parse_min_keys)]
     pub attn_min_keys: usize,
-    /// int4 GEMVs with int8 activations (one scale per 128 columns): on the integer tensor
-    /// cores, or with DP4A on CUDA cores together with --no-tc-gemv.
-    #[arg(long)]
-    pub int8_activations: bool,
     /// int4 GEMVs on CUDA cores (f32 activations) instead of tensor cores (bf16-pair
     /// activations, the default).
     #[arg(long)]
@@ -760,7 +782,6 @@ impl GpuVariantArgs {
             },
             attn_warp_values: !self.no_attn_warp_values,
             attn_min_keys: self.attn_min_keys,
-            int8_activations: self.int8_activations,
             tensor_core_gemv: !self.no_tc_gemv,
             tensor_core_ring: self.tc_ring,
             tensor_core_kwarps: !self.no_tc_kwarps,

@@ -20,17 +20,36 @@ pub fn gpu_available() -> bool {
 
 fn cuda_quant(q: Quant) -> hayai_cuda::Quant {
     match q {
-        Quant::Int4 => hayai_cuda::Quant::Int4,
+        Quant::Int4 | Quant::Int4A8 => hayai_cuda::Quant::Int4,
         Quant::Native | Quant::Bf16 => hayai_cuda::Quant::Bf16,
     }
 }
 
-pub fn cuda_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+/// The CUDA backend's options for these arguments. The arithmetic is the format's (`--quant`),
+/// never a kernel variant's: int8 activations (W4A8) come with `--quant int4-a8` and only with it.
+pub fn cuda_options(args: &ModelArgs) -> Result<hayai_cuda::CudaOptions> {
+    let a8 = args.quant == Quant::Int4A8;
+    if args.variant.streamed_step && !a8 {
+        anyhow::bail!(
+            "the streamed step multiplies int8 activations (W4A8, another arithmetic than int4's): use --quant int4-a8"
+        );
+    }
     let opts = args.variant.apply(hayai_cuda::CudaOptions {
         quant: cuda_quant(args.quant),
+        int8_activations: a8,
         batched_prefill: args.prefill == crate::local::Prefill::Batched,
         ..Default::default()
     });
+    if a8 && !opts.uses_int8_activations() {
+        anyhow::bail!(
+            "--quant int4-a8: the chosen decode variant (--persistent-gemv or --single-kernel) has no int8-activation path"
+        );
+    }
+    Ok(opts)
+}
+
+pub fn cuda_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    let opts = cuda_options(args)?;
     hayai_cuda::load_runner(l.model.clone(), opts).context("starting the CUDA backend")
 }
 
@@ -124,10 +143,7 @@ pub fn bench_engine(
         let opts = hayai_cuda::BenchOptions {
             prompt_len,
             gen,
-            cuda: variant.apply(hayai_cuda::CudaOptions {
-                quant: cuda_quant(args.quant),
-                ..Default::default()
-            }),
+            cuda: cuda_options(args)?,
             ops,
             ..Default::default()
         };
@@ -158,13 +174,9 @@ pub fn bench_engine(
         return Ok(ExitCode::SUCCESS);
     }
     // CPU: the reference backend (f32 math; weights as loaded or re-rounded).
-    let model = match args.quant {
-        Quant::Native => model,
-        Quant::Bf16 => Arc::new(round_model_bf16(&model)),
-        Quant::Int4 => Arc::new(quantize_model_int4(&model)),
-    };
+    let mut r = crate::local::cpu_runner(model, args)?;
+    let model = r.model().clone();
     let bytes = weight_bytes_per_token(&model);
-    let mut r = CpuRunner::new(model.clone())?;
     let prompt = hayai_cuda::bench::bench_prompt(prompt_len, model.spec.vocab);
     let t0 = Instant::now();
     let mut next = 0;

@@ -280,11 +280,87 @@ fn malformed_inputs_fail_clearly() {
         None,
     );
     fails_with(&out, "CUDA backend only");
+    // The arithmetic is the format's: the streamed step (W4A8) needs --quant int4-a8 (checked
+    // before any GPU is looked for), and int4-a8 fixes the CPU's matrix-product inputs.
+    let out = run(
+        hayai().args([
+            "generate",
+            "--model",
+            &m,
+            "--device",
+            "cuda",
+            "--quant",
+            "int4",
+            "--streamed-step",
+            "--prompt-ids",
+            "2,3",
+            "--max-tokens",
+            "1",
+        ]),
+        None,
+    );
+    fails_with(&out, "--quant int4-a8");
+    let out = run(
+        hayai().args([
+            "generate",
+            "--model",
+            &m,
+            "--device",
+            "cpu",
+            "--quant",
+            "int4-a8",
+            "--cpu-matmul-inputs",
+            "bf16",
+            "--prompt-ids",
+            "2,3",
+            "--max-tokens",
+            "1",
+        ]),
+        None,
+    );
+    fails_with(&out, "int8 per 128 columns");
     let out = run(
         hayai().args(["bench-engine", "--model", &m, "--device", "cpu", "--ops"]),
         None,
     );
     fails_with(&out, "CUDA backend");
+}
+
+#[test]
+fn int4_a8_is_int4_with_int8_inputs_on_the_cpu() {
+    // One short record cut from the Apache-2.0 records: PPL tells the roundings apart where a
+    // few greedy tokens may not.
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("data/reference/apache-2.0-ppl-records.jsonl"))
+        .unwrap();
+    let rec: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let ids = |k: &str, n: usize| rec[k].as_array().unwrap()[..n].to_vec();
+    let records = dir.path().join("one.jsonl");
+    let short = serde_json::json!({"id": "apache-0", "context_token_ids": ids("context_token_ids", 48),
+                                   "target_token_ids": ids("target_token_ids", 32)});
+    std::fs::write(&records, format!("{short}\n")).unwrap();
+    let ppl = |extra: &[&str]| {
+        let mut cmd = hayai();
+        cmd.args([
+            "ppl",
+            "--model",
+            &m,
+            "--device",
+            "cpu",
+            "--json",
+            "--records",
+        ])
+        .arg(&records)
+        .args(extra);
+        ok_json(&run(&mut cmd, None))["ppl"].as_f64().unwrap()
+    };
+    let a8 = ppl(&["--quant", "int4-a8"]);
+    assert_eq!(
+        a8,
+        ppl(&["--quant", "int4", "--cpu-matmul-inputs", "int8-g128"])
+    );
+    assert_ne!(a8, ppl(&["--quant", "int4"]));
 }
 
 #[test]
