@@ -420,12 +420,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // rows land during the scores and softmax). Measured together: 501.1-502.3 -> 508.3-510.2 tok/s
 // on E4B shapes, attention inputs 0.161-0.164 -> 0.101-0.105 ms a step (docs/performance.md,
 // sixteenth session).
-// SSA_WAIT_NORM=1 (a measurement build, -DSSA_WAIT_NORM=1; not yet run, off): after the wait
-// for QKV an SM with an item waits only for its norm weights' group before the inputs, not for
-// its first tile's K rows too (they are waited for before the scores).
-#ifndef SSA_WAIT_NORM
-#define SSA_WAIT_NORM 0
-#endif
 #define SSA_MR ((ATTN_MAX_SPLITS + SS_NW - 1) / SS_NW)  // ranges per warp in ssa_merge
 
 struct SsaLayout {
@@ -921,9 +915,9 @@ __device__ void stream_body(const StreamParams& P) {
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
         // The norm weights' group and the tile's K rows (the V rows may stay in flight; an SM
-        // without an item committed none). SSA_WAIT_NORM: the norm weights' only, the K rows
-        // landing while the inputs are summed (ssa_item waits for them before the scores).
-        if (op.kind == STEP_ATTN) cp_async_wait<SSA_WAIT_NORM ? 2 : 1>();
+        // without an item committed none). Waiting for the norm weights alone here measured no
+        // gain (docs/decisions.md).
+        if (op.kind == STEP_ATTN) cp_async_wait<1>();
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
