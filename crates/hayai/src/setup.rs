@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use hayai_model::cpu::CpuRunner;
 use hayai_model::{Model, Rows, Runner};
 use hayai_tokenizer::Tokenizer;
 use serde_json::{json, Value};

@@ -234,96 +234,47 @@ fn malformed_inputs_fail_clearly() {
     );
     fails_with(&out, "context");
     // GPU kernel variants on the CPU backend.
-    let out = run(
-        hayai().args([
-            "bench-engine",
-            "--model",
-            &m,
-            "--device",
-            "cpu",
-            "--no-tc-gemv",
-        ]),
-        None,
-    );
-    fails_with(&out, "CUDA backend only");
+    let bench_cpu = |opts: &[&str]| {
+        let mut cmd = hayai();
+        cmd.args(["bench-engine", "--model", &m, "--device", "cpu"])
+            .args(opts);
+        run(&mut cmd, None)
+    };
+    fails_with(&bench_cpu(&["--no-tc-gemv"]), "CUDA backend only");
     // Without variants the CPU backend runs (the flags' own defaults are not variants).
-    let out = run(
-        hayai().args([
-            "bench-engine",
-            "--model",
-            &m,
-            "--device",
-            "cpu",
-            "--prompt-len",
-            "2",
-            "--gen",
-            "2",
-            "--json",
-        ]),
-        None,
-    );
-    ok_json(&out);
-    // Every in-process command takes the variants (e.g. `ppl --streamed-step`), CUDA only.
-    let out = run(
-        hayai().args([
+    ok_json(&bench_cpu(&["--prompt-len", "2", "--gen", "2", "--json"]));
+    // One token generated with these options.
+    let gen1 = |opts: &[&str]| {
+        let mut cmd = hayai();
+        cmd.args([
             "generate",
             "--model",
             &m,
-            "--device",
-            "cpu",
-            "--streamed-step",
             "--prompt-ids",
             "2,3",
             "--max-tokens",
             "1",
-        ]),
-        None,
-    );
+        ])
+        .args(opts);
+        run(&mut cmd, None)
+    };
+    // Every in-process command takes the variants (e.g. `ppl --streamed-step`), CUDA only.
+    let out = gen1(&["--device", "cpu", "--streamed-step"]);
     fails_with(&out, "CUDA backend only");
     // The arithmetic is the format's: the streamed step (W4A8) needs --quant int4-a8 (checked
     // before any GPU is looked for), and int4-a8 fixes the CPU's matrix-product inputs.
-    let out = run(
-        hayai().args([
-            "generate",
-            "--model",
-            &m,
-            "--device",
-            "cuda",
-            "--quant",
-            "int4",
-            "--streamed-step",
-            "--prompt-ids",
-            "2,3",
-            "--max-tokens",
-            "1",
-        ]),
-        None,
-    );
+    let out = gen1(&["--device", "cuda", "--quant", "int4", "--streamed-step"]);
     fails_with(&out, "--quant int4-a8");
-    let out = run(
-        hayai().args([
-            "generate",
-            "--model",
-            &m,
-            "--device",
-            "cpu",
-            "--quant",
-            "int4-a8",
-            "--cpu-matmul-inputs",
-            "bf16",
-            "--prompt-ids",
-            "2,3",
-            "--max-tokens",
-            "1",
-        ]),
-        None,
-    );
+    let out = gen1(&[
+        "--device",
+        "cpu",
+        "--quant",
+        "int4-a8",
+        "--cpu-matmul-inputs",
+        "bf16",
+    ]);
     fails_with(&out, "int8 per 128 columns");
-    let out = run(
-        hayai().args(["bench-engine", "--model", &m, "--device", "cpu", "--ops"]),
-        None,
-    );
-    fails_with(&out, "CUDA backend");
+    fails_with(&bench_cpu(&["--ops"]), "CUDA backend");
 }
 
 #[test]
