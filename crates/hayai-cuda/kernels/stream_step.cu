@@ -47,6 +47,13 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
+// SS_QUANT2=1 (a measurement build, -DSS_QUANT2=1; not yet run, off): a GEMV's input groups
+// quantized two at a time per warp, their dependent chains interleaved (the timeline: 0.8-0.9
+// us on every SM for gate/up's, QKV's and down's 20 or more groups, 0.35-0.4 for O's and the
+// PLE projections').
+#ifndef SS_QUANT2
+#define SS_QUANT2 0
+#endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -306,6 +313,49 @@ __device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* x
     cp_async_commit();
 }
 
+#if SS_QUANT2
+// Groups g and g + SS_NW (if `two`) quantized by one warp with their dependent chains (the
+// maximum's shuffles, the division, the rounding, the sum) interleaved: act8_quantize4's
+// arithmetic for each, the same values (a maximum and an integer sum in any order are exact).
+__device__ __forceinline__ void ss_quantize2(const float* xs, uint2* xf, SsShared& sm, int g, bool two, int lane) {
+    const int gs[2] = {g, g + SS_NW};
+    float4 v[2];
+    float m[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        v[u] = u == 0 || two ? ((const float4*)(xs + gs[u] * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+        m[u] = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float a = __shfl_xor_sync(HAYAI_FULL_MASK, m[0], o), b = __shfl_xor_sync(HAYAI_FULL_MASK, m[1], o);
+        m[0] = fmaxf(m[0], a);
+        m[1] = fmaxf(m[1], b);
+    }
+    int q[2][4], qs[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const float inv = m[u] > 0.f ? 127.f / m[u] : 0.f;
+        const float vals[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[u][i] = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) qs[u] = __reduce_add_sync(HAYAI_FULL_MASK, q[u][0] + q[u][1] + q[u][2] + q[u][3]);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        if (u == 1 && !two) break;
+        ((uint32_t*)xf)[((gs[u] * 4 + (lane >> 3)) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)] =
+            (uint32_t)(q[u][0] & 255) | (uint32_t)(q[u][1] & 255) << 8 | (uint32_t)(q[u][2] & 255) << 16 |
+            (uint32_t)(q[u][3] & 255) << 24;
+        if (lane == 0) {
+            sm.xs8[gs[u]] = qs[u];
+            sm.xsc[gs[u]] = m[u] / 127.f;
+        }
+    }
+}
+#endif
+
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
@@ -324,6 +374,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2.
+#if SS_QUANT2
+    for (int grp = g0 + warp; grp < g1; grp += 2 * SS_NW) ss_quantize2(xs, xf, sm, grp, grp + SS_NW < g1, lane);
+#else
     for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
         int q[4];
         const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
@@ -336,6 +389,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             sm.xsc[grp] = m / 127.f;
         }
     }
+#endif
     ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
     ss_tl_at(tl, 2);
