@@ -111,6 +111,35 @@ def main():
         for label, r in sorted(sub.items(), key=lambda kv: -sum(kv[1][1:5])):
             ms = [x * 1e-6 for x in r[1:]]
             print(f"{label:<28}{r[0]:>4}" + "".join(f"{x:8.3f}" for x in ms))
+        # The ring behind each GEMV on the SM that published last (medians over layers): its
+        # chunks, how many had landed when its input was quantized, and when (µs after that) the
+        # last was issued and landed and the GEMV was done: a chunk can only be issued once the
+        # one NCH before it is released, so a GEMV larger than the ring waits at its tail.
+        ringv = OrderedDict()
+        for k, (kernel, label) in enumerate(meta["ops"]):
+            if kernel != "gemv":
+                continue
+            done = [op(s, k, 3) for s in range(nsm)]
+            crit = max(range(nsm), key=lambda s: done[s])
+            c0, c1 = meta["gemv_cells"][gemv_of[k]][crit]
+            q = op(crit, k, 2)
+            if c1 <= c0 or not q:
+                continue
+            chs = range(c0 // CC, (c1 - 1) // CC + 1)
+            if not all(chunk(crit, c, 0) and chunk(crit, c, 1) for c in chs):
+                continue
+            ringv.setdefault(label, []).append((len(chs), sum(chunk(crit, c, 1) <= q for c in chs),
+                                                chunk(crit, chs[-1], 0) - q, chunk(crit, chs[-1], 1) - q,
+                                                done[crit] - q))
+        if ringv:
+            print(f"{'GEMV ring (last SM, us)':<28}{'n':>4}{'chunks':>8}{'landed':>8}{'issued':>8}"
+                  f"{'last':>8}{'done':>8}")
+            for label, v in ringv.items():
+                m = [median(x[i] for x in v) for i in range(5)]
+                print(f"{label:<28}{len(v):>4}{m[0]:8.0f}{m[1]:8.0f}{m[2] * 1e-3:8.2f}{m[3] * 1e-3:8.2f}"
+                      f"{m[4] * 1e-3:8.2f}")
+            print("landed: chunks landed when its input was quantized; issued / last: its last chunk"
+                  " issued / landed; done: its cells stored (µs after the quantized input)")
         # Attention's phases on the SM that finished it last (builds that stamp them: slots 4-6
         # = its first item's inputs ready, its items done, every SM's ranges stored).
         att = [0] * 5
