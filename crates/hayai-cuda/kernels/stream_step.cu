@@ -54,6 +54,13 @@
 #ifndef SS_QUANT2
 #define SS_QUANT2 0
 #endif
+// SS_CELL4=1 (a measurement build, -DSS_CELL4=1; not yet run, off): a consumer warp's cells four
+// at a time instead of two (one wait for the ring, then four cells' loads and products in
+// flight; the same cells in the same order, so the same sums). The timeline: down's 100 cells
+// an SM take ~2.5 us on the critical SM, ~250 ns a cell per warp.
+#ifndef SS_CELL4
+#define SS_CELL4 0
+#endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -406,6 +413,25 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             const int gofs = u_slice * gu;  // the unit's first group
             // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
             int r = 0;
+#if SS_CELL4
+            for (; r + 3 < q.rounds; r += 4) {  // four cells at a time (rounds r .. r + 2 full)
+                const int ga = r * q.kw + sl;
+                if (ga + 3 * q.kw >= gu) break;
+                const int cnt3 = min(q.kw, gu - (r + 3) * q.kw);
+                unsigned pp[4];
+#pragma unroll
+                for (int i = 0; i < 3; i++) pp[i] = pb + (unsigned)((r + i) * q.np * q.kw + ti * q.kw + sl);
+                pp[3] = pb + (unsigned)((r + 3) * q.np * q.kw + ti * cnt3 + sl);
+                R.release_to(pp[0]);
+                R.land(pp[3] / SS_CH);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int gg = gofs + ga + i * q.kw;
+                    ss_cell(R.cell(pp[i]), lane < 4 ? xf + gg * 16 + lane : sm.xzero, sm.xs8[gg], sm.xsc[gg], lane,
+                            acc_a, acc_b);
+                }
+            }
+#endif
             for (; r + 1 < q.rounds; r += 2) {  // two cells at a time (rounds r and r + 1, r full)
                 const int ga = r * q.kw + sl, gb = ga + q.kw;
                 if (gb >= gu) break;
