@@ -71,8 +71,8 @@ pub enum Quant {
     Bf16,
     /// int4 group-128, symmetric, bf16 scales (RTN at load).
     Int4,
-    /// int4 weights as `int4`, each int4 product's input rounded to int8 per 128 columns (W4A8:
-    /// another arithmetic than int4's W4A16; the streamed step's).
+    /// `int4`'s weights, the inputs of their products rounded to int8 per 128 columns (W4A8, the
+    /// streamed step's arithmetic; `int4` is W4A16).
     #[value(name = "int4-a8")]
     Int4A8,
 }
