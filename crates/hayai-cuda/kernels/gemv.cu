@@ -31,12 +31,20 @@ static_assert(sizeof(GemvParams) == 184, "GemvParams is mirrored by the host (ru
 
 // A group's int8 quantization (MatmulInputs::Int8 { group: 128 }) for a warp that holds it, this
 // lane's 4 columns in `v`: q = round(x * 127 / max|x|), clamped to [-127, 127]. Returns max|x|.
-__device__ __forceinline__ float act8_quantize4(const float4 v, int q[4]) {
-    const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+// Its two halves, for callers that interleave several groups: this lane's max|x|, and the
+// rounding once the warp's maximum m is known.
+__device__ __forceinline__ float act8_absmax4(const float4 v) {
+    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+__device__ __forceinline__ void act8_round4(const float4 v, float m, int q[4]) {
     const float inv = m > 0.f ? 127.f / m : 0.f;
     const float vals[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) q[i] = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
+}
+__device__ __forceinline__ float act8_quantize4(const float4 v, int q[4]) {
+    const float m = warp_max(act8_absmax4(v));
+    act8_round4(v, m, q);
     return m;
 }
 

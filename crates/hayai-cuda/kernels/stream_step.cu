@@ -320,6 +320,18 @@ __device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* x
     cp_async_commit();
 }
 
+// Group grp's quantized x (this lane's 4 values q) as B entries, its integer sum qs and scale.
+__device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp, const int q[4], int qs, float m,
+                                               int lane) {
+    ((uint32_t*)xf)[((grp * 4 + (lane >> 3)) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)] =
+        (uint32_t)(q[0] & 255) | (uint32_t)(q[1] & 255) << 8 | (uint32_t)(q[2] & 255) << 16 |
+        (uint32_t)(q[3] & 255) << 24;
+    if (lane == 0) {
+        sm.xs8[grp] = qs;
+        sm.xsc[grp] = m / 127.f;
+    }
+}
+
 #if SS_QUANT2
 // Groups g and g + SS_NW (if `two`) quantized by one warp with their dependent chains (the
 // maximum's shuffles, the division, the rounding, the sum) interleaved: act8_quantize4's
@@ -331,7 +343,7 @@ __device__ __forceinline__ void ss_quantize2(const float* xs, uint2* xf, SsShare
 #pragma unroll
     for (int u = 0; u < 2; u++) {
         v[u] = u == 0 || two ? ((const float4*)(xs + gs[u] * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-        m[u] = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
+        m[u] = act8_absmax4(v[u]);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -341,25 +353,11 @@ __device__ __forceinline__ void ss_quantize2(const float* xs, uint2* xf, SsShare
     }
     int q[2][4], qs[2];
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const float inv = m[u] > 0.f ? 127.f / m[u] : 0.f;
-        const float vals[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) q[u][i] = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
-    }
+    for (int u = 0; u < 2; u++) act8_round4(v[u], m[u], q[u]);
 #pragma unroll
     for (int u = 0; u < 2; u++) qs[u] = __reduce_add_sync(HAYAI_FULL_MASK, q[u][0] + q[u][1] + q[u][2] + q[u][3]);
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        if (u == 1 && !two) break;
-        ((uint32_t*)xf)[((gs[u] * 4 + (lane >> 3)) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)] =
-            (uint32_t)(q[u][0] & 255) | (uint32_t)(q[u][1] & 255) << 8 | (uint32_t)(q[u][2] & 255) << 16 |
-            (uint32_t)(q[u][3] & 255) << 24;
-        if (lane == 0) {
-            sm.xs8[gs[u]] = qs[u];
-            sm.xsc[gs[u]] = m[u] / 127.f;
-        }
-    }
+    ss_store_group(xf, sm, gs[0], q[0], qs[0], m[0], lane);
+    if (two) ss_store_group(xf, sm, gs[1], q[1], qs[1], m[1], lane);
 }
 #endif
 
@@ -387,14 +385,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
         int q[4];
         const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
-        const int qs = __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]);
-        ((uint32_t*)xf)[((grp * 4 + (lane >> 3)) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)] =
-            (uint32_t)(q[0] & 255) | (uint32_t)(q[1] & 255) << 8 | (uint32_t)(q[2] & 255) << 16 |
-            (uint32_t)(q[3] & 255) << 24;
-        if (lane == 0) {
-            sm.xs8[grp] = qs;
-            sm.xsc[grp] = m / 127.f;
-        }
+        ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m, lane);
     }
 #endif
     ConsumerThreads{}.sync();
