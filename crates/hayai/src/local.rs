@@ -201,12 +201,13 @@ pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         }
         return crate::setup::cuda_runner(l, args);
     }
-    args.variant.require_default_on_cpu()?;
     Ok(Box::new(cpu_runner(l.model.clone(), args)?))
 }
 
-/// The CPU reference for `model` in the requested weight format and matrix-product inputs.
+/// The CPU reference for `model` in the requested weight format and matrix-product inputs (the
+/// CUDA decode-kernel variants are an error here).
 pub fn cpu_runner(model: Arc<Model>, args: &ModelArgs) -> Result<CpuRunner> {
+    args.variant.require_default_on_cpu()?;
     let inputs = match (args.quant.matmul_inputs(), args.cpu_matmul_inputs) {
         (None, c) => c.into(),
         (Some(m), CpuMatmulInputs::F32) => m,

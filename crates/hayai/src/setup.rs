@@ -123,7 +123,6 @@ pub fn bench_engine(
     as_json: bool,
     ops: bool,
 ) -> Result<ExitCode> {
-    let variant = args.variant;
     let (name, model) = bench_model(args)?;
     let use_cuda = match args.device {
         crate::local::Device::Cpu => false,
@@ -134,9 +133,6 @@ pub fn bench_engine(
         anyhow::bail!(
             "--ops times the CUDA backend's kernels (use --device cuda on a machine with a GPU)"
         );
-    }
-    if !use_cuda {
-        variant.require_default_on_cpu()?;
     }
     if use_cuda {
         let opts = hayai_cuda::BenchOptions {
