@@ -15,10 +15,6 @@
 #         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step; ~6 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-next: parity of a GEMV's input groups quantized two at a time per warp
-#         (SS_QUANT2=1) and of a consumer warp's cells four at a time (SS_CELL4=1), ~3 min;
-#         pending-next2: A/B/C/A/B/C of the two against the default (~6 min); carry
-#         target/release/examples/gpu_check, .gpu/gpu_check_quant2 and .gpu/gpu_check_cell4;
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -44,10 +40,6 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stages pending-next, pending-next2): a GEMV's input groups quantized two at
-  # a time per warp; a consumer warp's cells four at a time.
-  CARGO_TARGET_DIR=target/quant2 HAYAI_CUDA_DEFINES=-DSS_QUANT2=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/cell4 HAYAI_CUDA_DEFINES=-DSS_CELL4=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -55,9 +47,7 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  cp target/quant2/release/examples/gpu_check .gpu/gpu_check_quant2
-  cp target/cell4/release/examples/gpu_check .gpu/gpu_check_cell4
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_quant2 .gpu/gpu_check_cell4 \
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -133,25 +123,6 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
-  if has pending-next; then
-    # Parity of a GEMV's input groups quantized two at a time per warp (SS_QUANT2=1) and of a
-    # consumer warp's cells four at a time (SS_CELL4=1): the same values and sums, so the figures
-    # must not move. Carry target/release/examples/gpu_check, .gpu/gpu_check_quant2 and
-    # .gpu/gpu_check_cell4.
-    stage "streamed step: SS_QUANT2=1, SS_CELL4=1: parity"
-    local c
-    for c in quant2 cell4; do
-      timeout 150 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
-    done
-  fi
-  if has pending-next2; then
-    stage "streamed step: SS_QUANT2=1, SS_CELL4=1: A/B"
-    local c
-    for c in "$C" .gpu/gpu_check_quant2 .gpu/gpu_check_cell4 "$C" .gpu/gpu_check_quant2 .gpu/gpu_check_cell4; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
-    done
-  fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
@@ -215,5 +186,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -111,6 +111,24 @@ def main():
         for label, r in sorted(sub.items(), key=lambda kv: -sum(kv[1][1:5])):
             ms = [x * 1e-6 for x in r[1:]]
             print(f"{label:<28}{r[0]:>4}" + "".join(f"{x:8.3f}" for x in ms))
+    if SL >= 10:
+        # The residual phase split (GEMVs with a residual input): inputs loaded -> residual input
+        # landed (its cp.async and the norm weights') -> the residual's norm summed -> added.
+        res = OrderedDict()
+        for k, (kernel, label) in enumerate(meta["ops"]):
+            done = [op(s, k, 3) for s in range(nsm)]
+            crit = max(range(nsm), key=lambda s: done[s])
+            st = [op(crit, k, i) for i in (4, 8, 9, 5)]
+            if kernel == "gemv" and op(crit, k, 2) and all(st) and st[2] > st[1]:
+                r = res.setdefault(label, [0] * 4)
+                r[0] += 1
+                for i in range(3):
+                    r[i + 1] += max(0, st[i + 1] - st[i])
+        if res:
+            print(f"{'GEMV residual (last SM)':<28}{'n':>4}{'landed':>8}{'sum':>8}{'add':>8}")
+            for label, r in res.items():
+                ms = [x * 1e-6 for x in r[1:]]
+                print(f"{label:<28}{r[0]:>4}" + "".join(f"{x:8.3f}" for x in ms))
         # The ring behind each GEMV on the SM that published last (medians over layers): its
         # chunks, how many had landed when its input was quantized, and when (µs after that) the
         # last was issued and landed and the GEMV was done: a chunk can only be issued once the

@@ -31,20 +31,12 @@ static_assert(sizeof(GemvParams) == 184, "GemvParams is mirrored by the host (ru
 
 // A group's int8 quantization (MatmulInputs::Int8 { group: 128 }) for a warp that holds it, this
 // lane's 4 columns in `v`: q = round(x * 127 / max|x|), clamped to [-127, 127]. Returns max|x|.
-// Its two halves, for callers that interleave several groups: this lane's max|x|, and the
-// rounding once the warp's maximum m is known.
-__device__ __forceinline__ float act8_absmax4(const float4 v) {
-    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-}
-__device__ __forceinline__ void act8_round4(const float4 v, float m, int q[4]) {
+__device__ __forceinline__ float act8_quantize4(const float4 v, int q[4]) {
+    const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     const float inv = m > 0.f ? 127.f / m : 0.f;
     const float vals[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) q[i] = (int)fminf(fmaxf(roundf(vals[i] * inv), -127.f), 127.f);
-}
-__device__ __forceinline__ float act8_quantize4(const float4 v, int q[4]) {
-    const float m = warp_max(act8_absmax4(v));
-    act8_round4(v, m, q);
     return m;
 }
 
@@ -252,6 +244,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
     if (STEP) stamp_at(stamps, 1);
     if (STEP && tl && g.t() == 0) tl[4] = global_ns();
     if (cst) cp_async_wait<PENDING>();  // the norm weights (block_sum's barrier publishes them)
+    if (STEP && tl && g.t() == 0) tl[8] = global_ns();
     const int n = p.cols;
     const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
     const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);
@@ -265,6 +258,7 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             float t = group_sum(ss_res, red, g);
             scale = rsqrtf(t / (float)n + p.eps);
         }
+        if (STEP && tl && g.t() == 0) tl[9] = global_ns();
         g.sync();
         ss = 0.f;
 #pragma unroll 4

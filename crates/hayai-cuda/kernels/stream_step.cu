@@ -47,25 +47,12 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
-// SS_QUANT2=1 (a measurement build, -DSS_QUANT2=1; not yet run, off): a GEMV's input groups
-// quantized two at a time per warp, their dependent chains interleaved (the timeline: 0.8-0.9
-// us on every SM for gate/up's, QKV's and down's 20 or more groups, 0.35-0.4 for O's and the
-// PLE projections').
-#ifndef SS_QUANT2
-#define SS_QUANT2 0
-#endif
-// SS_CELL4=1 (a measurement build, -DSS_CELL4=1; not yet run, off): a consumer warp's cells four
-// at a time instead of two (one wait for the ring, then four cells' loads and products in
-// flight; the same cells in the same order, so the same sums). The timeline: down's 100 cells
-// an SM take ~2.5 us on the critical SM, ~250 ns a cell per warp.
-#ifndef SS_CELL4
-#define SS_CELL4 0
-#endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
 // (before the publication), and for a GEMV its prologue's inputs loaded, residual added, prologue
-// done, cells done (for attention, of its first item: thread 0's q/k/v vector done (slot 2), every
+// done, cells done, then (slots 8, 9) its residual input landed and the residual's norm summed
+// (for attention, of its first item: thread 0's q/k/v vector done (slot 2), every
 // warp's (7), the newest row and the tile ready (4); then its items done (5), every SM's ranges
 // stored (6)); then per ring chunk [2] = the producer issued it, saw it land (SS_TL_CHUNKS
 // chunks per SM at most). The host writes them out (HAYAI_STREAM_TIMELINE) for
@@ -74,7 +61,7 @@
 #define SS_TIMELINE 0
 #endif
 #define SS_TL_CHUNKS 4096
-#define SS_TL_SLOTS 8
+#define SS_TL_SLOTS 10
 
 // One SM's share of one GEMV (src/stream_layout.rs `SmShare`, uploaded as is).
 struct SmShare {
@@ -332,35 +319,6 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
-#if SS_QUANT2
-// Groups g and g + SS_NW (if `two`) quantized by one warp with their dependent chains (the
-// maximum's shuffles, the division, the rounding, the sum) interleaved: act8_quantize4's
-// arithmetic for each, the same values (a maximum and an integer sum in any order are exact).
-__device__ __forceinline__ void ss_quantize2(const float* xs, uint2* xf, SsShared& sm, int g, bool two, int lane) {
-    const int gs[2] = {g, g + SS_NW};
-    float4 v[2];
-    float m[2];
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        v[u] = u == 0 || two ? ((const float4*)(xs + gs[u] * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-        m[u] = act8_absmax4(v[u]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float a = __shfl_xor_sync(HAYAI_FULL_MASK, m[0], o), b = __shfl_xor_sync(HAYAI_FULL_MASK, m[1], o);
-        m[0] = fmaxf(m[0], a);
-        m[1] = fmaxf(m[1], b);
-    }
-    int q[2][4], qs[2];
-#pragma unroll
-    for (int u = 0; u < 2; u++) act8_round4(v[u], m[u], q[u]);
-#pragma unroll
-    for (int u = 0; u < 2; u++) qs[u] = __reduce_add_sync(HAYAI_FULL_MASK, q[u][0] + q[u][1] + q[u][2] + q[u][3]);
-    ss_store_group(xf, sm, gs[0], q[0], qs[0], m[0], lane);
-    if (two) ss_store_group(xf, sm, gs[1], q[1], qs[1], m[1], lane);
-}
-#endif
-
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
@@ -379,15 +337,11 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2.
-#if SS_QUANT2
-    for (int grp = g0 + warp; grp < g1; grp += 2 * SS_NW) ss_quantize2(xs, xf, sm, grp, grp + SS_NW < g1, lane);
-#else
     for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
         int q[4];
         const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
         ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m, lane);
     }
-#endif
     ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
     ss_tl_at(tl, 2);
@@ -404,25 +358,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             const int gofs = u_slice * gu;  // the unit's first group
             // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
             int r = 0;
-#if SS_CELL4
-            for (; r + 3 < q.rounds; r += 4) {  // four cells at a time (rounds r .. r + 2 full)
-                const int ga = r * q.kw + sl;
-                if (ga + 3 * q.kw >= gu) break;
-                const int cnt3 = min(q.kw, gu - (r + 3) * q.kw);
-                unsigned pp[4];
-#pragma unroll
-                for (int i = 0; i < 3; i++) pp[i] = pb + (unsigned)((r + i) * q.np * q.kw + ti * q.kw + sl);
-                pp[3] = pb + (unsigned)((r + 3) * q.np * q.kw + ti * cnt3 + sl);
-                R.release_to(pp[0]);
-                R.land(pp[3] / SS_CH);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int gg = gofs + ga + i * q.kw;
-                    ss_cell(R.cell(pp[i]), lane < 4 ? xf + gg * 16 + lane : sm.xzero, sm.xs8[gg], sm.xsc[gg], lane,
-                            acc_a, acc_b);
-                }
-            }
-#endif
             for (; r + 1 < q.rounds; r += 2) {  // two cells at a time (rounds r and r + 1, r full)
                 const int ga = r * q.kw + sl, gb = ga + q.kw;
                 if (gb >= gu) break;
