@@ -15,6 +15,9 @@
 #         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step; ~6 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
+#         pending-next: parity of RoPE's tables kept in shared memory per launch (SSA_ROPE_SMEM=1),
+#         ~1.5 min; pending-next2: A/B/A/B of it against the default (~3 min); carry
+#         target/release/examples/gpu_check and .gpu/gpu_check_rope;
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -40,6 +43,8 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured (stages pending-next, pending-next2): RoPE's tables in shared memory.
+  CARGO_TARGET_DIR=target/rope HAYAI_CUDA_DEFINES=-DSSA_ROPE_SMEM=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -47,7 +52,8 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl \
+  cp target/rope/release/examples/gpu_check .gpu/gpu_check_rope
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_rope \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -123,6 +129,21 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
+  if has pending-next; then
+    # Parity of RoPE's tables kept in shared memory per launch (SSA_ROPE_SMEM=1): the same
+    # values, so the default's figures. Carry target/release/examples/gpu_check and
+    # .gpu/gpu_check_rope.
+    stage "streamed step: SSA_ROPE_SMEM=1: parity"
+    timeout 150 .gpu/gpu_check_rope stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/rope /" | tee -a "$out/session.log"
+  fi
+  if has pending-next2; then
+    stage "streamed step: SSA_ROPE_SMEM=1: A/B"
+    local c
+    for c in "$C" .gpu/gpu_check_rope "$C" .gpu/gpu_check_rope; do
+      echo "-- $c" | tee -a "$out/session.log"
+      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
+    done
+  fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
@@ -186,5 +207,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -47,6 +47,17 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
+// SSA_ROPE_SMEM=1 (a measurement build, -DSSA_ROPE_SMEM=1; not yet run, off): RoPE's cosines and
+// sines at the step's position kept in shared memory per table of frequencies (two tables, keyed
+// by their address: E4B's sliding and global layers, Gemma 3's two thetas), so an attention's
+// prestage copies them instead of loading its frequencies from global memory and computing them
+// (the same sincosf of the same product, once per launch and SM). The timeline: on the SMs with
+// attention items the time from their QKV publication to their wait is ~2.9 us against ~1.1 on
+// the others, and they are ready 2.0-2.9 us after QKV's last publication. (Fifteenth session's
+// SSA_ROPE_TAB put the table in global memory: one round trip for another, no gain.)
+#ifndef SSA_ROPE_SMEM
+#define SSA_ROPE_SMEM 0
+#endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -519,7 +530,15 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
-__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
+// RoPE's cosines and sines at the launch's position per frequency table (SSA_ROPE_SMEM): `key`
+// the tables' addresses (null: free), `cs` as SsaLayout::cs (hd / 2 cosines, then the sines);
+// head dims up to 512 (the host's check).
+struct SsaRope {
+    const float* key[2];
+    float cs[2][512];
+};
+
+__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, SsaRope* rope) {
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
@@ -532,8 +551,33 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
         }
     }
     cp_async_commit();
+#if SSA_ROPE_SMEM
+    // A table seen before in this launch is copied; a new one is computed and kept in a free
+    // slot (its key set by thread 0; the operations' barriers publish both before the next use).
+    const int hit = rope->key[0] == a.inv_freq ? 0 : rope->key[1] == a.inv_freq ? 1 : -1;
+    if (hit >= 0) {
+        for (int i = threadIdx.x; i < L.hd; i += SS_NW * 32) L.cs[i] = rope->cs[hit][i];
+    } else {
+        const int slot = !rope->key[0] ? 0 : !rope->key[1] ? 1 : -1;
+        for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32) {
+            float sn, cn;
+            sincosf((float)L.pos * a.inv_freq[i], &sn, &cn);
+            L.cs[(L.hd >> 1) + i] = sn;
+            L.cs[i] = cn;
+            if (slot >= 0) {
+                rope->cs[slot][(L.hd >> 1) + i] = sn;
+                rope->cs[slot][i] = cn;
+            }
+        }
+        // Every thread has read the keys before one changes.
+        if (slot >= 0) ConsumerThreads{}.sync();
+        if (slot >= 0 && threadIdx.x == 0) rope->key[slot] = a.inv_freq;
+    }
+#else
+    (void)rope;
     for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
+#endif
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
     ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false);
 }
@@ -847,6 +891,12 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ volatile int hold;
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
+#if SSA_ROPE_SMEM
+    __shared__ SsaRope rope_s;
+    SsaRope* const rope = &rope_s;
+#else
+    SsaRope* const rope = nullptr;
+#endif
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -870,6 +920,9 @@ __device__ void stream_body(const StreamParams& P) {
 #endif
         landed_w = 0;
         hold = 0;
+#if SSA_ROPE_SMEM
+        rope_s.key[0] = rope_s.key[1] = nullptr;
+#endif
         // The step's position (attention), read once per launch (every attention's prestage paid
         // its round trip before its wait: +0.3-0.8% a step, docs/performance.md, fifteenth
         // session), requested before the counter so both are in flight.
@@ -912,7 +965,7 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s);
+        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, rope);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
