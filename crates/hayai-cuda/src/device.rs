@@ -166,6 +166,21 @@ impl Gpu {
         }
     }
 
+    /// Dynamic shared memory one block of kernel `name` can have: the GPU's opt-in limit less
+    /// the kernel's static shared memory (the two share the limit).
+    pub fn max_dynamic_smem(&self, name: &str) -> Result<usize, CudaError> {
+        let static_bytes = unsafe {
+            result::function::get_function_attribute(
+                self.func(name),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+        }
+        .map_err(drv)?;
+        Ok(self
+            .max_smem_optin()?
+            .saturating_sub(static_bytes.max(0) as usize))
+    }
+
     pub fn max_smem_optin(&self) -> Result<usize, CudaError> {
         Ok(self
             .ctx

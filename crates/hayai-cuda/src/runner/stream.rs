@@ -35,16 +35,20 @@ impl CudaRunner {
             }
         }
         let x_floats = stream_x_floats(spec, max_cols)?;
-        let optin = self.gpu.max_smem_optin()?;
-        let (nch, kernel) = RINGS
-            .iter()
-            .copied()
-            .find(|&(n, _)| n * STREAM_CHUNK_BYTES + x_floats * 4 + STREAM_XF_BYTES <= optin)
-            .ok_or_else(|| {
-                CudaError::Unsupported(format!(
-                    "streamed step: GEMV width {max_cols} leaves no room for a ring in {optin} bytes of shared memory"
-                ))
-            })?;
+        let mut room = 0;
+        let mut fits = None;
+        for &(n, k) in RINGS.iter() {
+            room = self.gpu.max_dynamic_smem(k)?;
+            if n * STREAM_CHUNK_BYTES + x_floats * 4 + STREAM_XF_BYTES <= room {
+                fits = Some((n, k));
+                break;
+            }
+        }
+        let (nch, kernel) = fits.ok_or_else(|| {
+            CudaError::Unsupported(format!(
+                "streamed step: GEMV width {max_cols} leaves no room for a ring in {room} bytes of shared memory"
+            ))
+        })?;
         let smem = nch * STREAM_CHUNK_BYTES + x_floats * 4 + STREAM_XF_BYTES;
         self.gpu.set_max_dynamic_smem(kernel, smem)?;
         let per_sm = unsafe {
