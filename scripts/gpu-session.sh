@@ -18,6 +18,9 @@
 #         pending-next: parity of RoPE's tables kept in shared memory per launch (SSA_ROPE_SMEM=1),
 #         ~1.5 min; pending-next2: A/B/A/B of it against the default (~3 min); carry
 #         target/release/examples/gpu_check and .gpu/gpu_check_rope;
+#         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
+#         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
+#         .gpu/hayai.gz; ~2 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
@@ -144,6 +147,14 @@ run() {
       timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
     done
   fi
+  if has profile-stream; then
+    # Where the streamed step's warps stall, line by line: one launch (the ninth decode step) of
+    # `bench-engine --quant int4-a8 --streamed-step` under ncu's source counters.
+    stage "streamed step: ncu source counters"
+    OUT="$out" SKIP=8 NCU_TIMEOUT=300 scripts/gpu-profile-sass.sh decode_stream int4-a8 --streamed-step 2>&1 | tee -a "$out/session.log"
+    python3 scripts/sass_hotspots.py "$out/sass-int4-a8.csv" 2>&1 | tee -a "$out/session.log"
+    grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  " "$out/sass-int4-a8.txt" | tee -a "$out/session.log"
+  fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
@@ -207,5 +218,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac
