@@ -18,6 +18,8 @@
 #         pending-next: parity of RoPE's tables kept in shared memory per launch (SSA_ROPE_SMEM=1),
 #         ~1.5 min; pending-next2: A/B/A/B of it against the default (~3 min); carry
 #         target/release/examples/gpu_check and .gpu/gpu_check_rope;
+#         link: proto/link_rate.cu built there and run (one link's cost by scheme, now also
+#         the counter split into 2-32 words; ~1 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
 #         .gpu/hayai.gz; ~2 min);
@@ -147,6 +149,19 @@ run() {
       timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
     done
   fi
+  if has link; then
+    # What one hand-over costs (proto/link_rate.cu; ninth session: 2.06 us with one counter at
+    # 2,560 floats), now also with the counter split so no word takes all 132 SMs' adds.
+    stage "link rate (proto/link_rate.cu)"
+    local nv
+    nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    if "$nv" -O3 -std=c++17 -arch=sm_90 -o /tmp/link_rate crates/hayai-cuda/proto/link_rate.cu > "$out/link.log" 2>&1; then
+      timeout 120 /tmp/link_rate --n 2560 2>&1 | tee -a "$out/session.log"
+      timeout 120 /tmp/link_rate --n 10240 2>&1 | tee -a "$out/session.log"
+    else
+      echo "link_rate.cu: build failed ($out/link.log)" | tee -a "$out/session.log"
+    fi
+  fi
   if has profile-stream; then
     # Where the streamed step's warps stall, line by line: one launch (the ninth decode step) of
     # `bench-engine --quant int4-a8 --streamed-step` under ncu's source counters.
@@ -218,5 +233,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

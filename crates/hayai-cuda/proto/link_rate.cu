@@ -14,6 +14,10 @@
 //             relaxed add after the block's stores (no barrier, no fence), thread 0 polls it
 //             with relaxed loads, then the words are read (and read again while any tag is stale).
 //   none    : no synchronization (the values are stale and counted as wrong): the read alone.
+//   counter/G: the counter split into G words (SM s adds to word s % G), so no word takes more
+//             than ceil(nsm / G) of the round's adds; lanes 0..G-1 of warp 0 poll one word each
+//             with acquire loads, all in flight together. Whether the adds to one address are a
+//             serial cost of the plain counter (132 of them a link in the streamed step).
 //
 // Each round: the rows a block owns are written (value = row + round + a term that is 0 when
 // the previous round's reads were all right, so the chain is a real dependency), then the whole
@@ -31,7 +35,7 @@
 
 #include "proto.cuh"
 
-enum Scheme { COUNTER, FLAGS, LL, NONE, LLC };
+enum Scheme { COUNTER, FLAGS, LL, NONE, LLC, COUNTERG };
 
 __device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
     unsigned v;
@@ -69,7 +73,7 @@ __device__ float block_sum(float v, float* red) {
 // counter (1 word) or the flags (nsm words). bad: wrong reads, summed over blocks.
 template <int SCHEME, int J>
 __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* sync, int n, int rounds, int nap,
-                            unsigned* bad) {
+                            unsigned* bad, int groups = 1) {
     __shared__ float red[32];
     const int s = blockIdx.x, nsm = gridDim.x, tid = threadIdx.x, T = blockDim.x;
     const int r0 = (int)((long long)n * s / nsm), r1 = (int)((long long)n * (s + 1) / nsm);
@@ -91,6 +95,20 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + k) : "memory");
                 while (ld_acquire_gpu(sync + k) < (unsigned)nsm)
                     if (nap) __nanosleep(nap);
+            }
+            __syncthreads();
+        } else if (SCHEME == COUNTERG) {
+            // sync: per round, `groups` words (the SMs s with s % groups == g add to word g).
+            unsigned* c = sync + (size_t)k * groups;
+            __syncthreads();
+            if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c + s % groups) : "memory");
+            if (tid < 32) {
+                const unsigned want = tid < groups ? (unsigned)((nsm - 1 - tid) / groups + 1) : 0u;
+                for (;;) {
+                    const bool ok = tid >= groups || ld_acquire_gpu(c + tid) >= want;
+                    if (__all_sync(0xffffffffu, ok)) break;
+                    if (nap) __nanosleep(nap);
+                }
             }
             __syncthreads();
         } else if (SCHEME == LLC) {
@@ -205,7 +223,10 @@ int main(int argc, char** argv) {
     printf("device: %s, %d SMs; vector of %d floats, %d threads per block, poll nap %d ns\n", prop.name, P, n,
            threads, nap);
     const char* names[] = {"counter", "flags", "ll", "none", "llc"};
-    for (int scheme = 0; scheme < 5; scheme++) {
+    // The plain schemes, then the split counter with 2 .. 32 words.
+    const int gs[] = {2, 4, 8, 16, 32};
+    for (int scheme = 0; scheme < 5 + (int)(sizeof gs / sizeof gs[0]); scheme++) {
+        const int G = scheme >= 5 ? gs[scheme - 5] : 1;
         auto launch = [&](int rounds) {
             CK(cudaMemset(vec, 0, (size_t)R2 * n * 4));
             CK(cudaMemset(llvec, 0, (size_t)R2 * n * 8));
@@ -217,7 +238,8 @@ int main(int argc, char** argv) {
             case FLAGS: link_rounds<FLAGS, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
             case LL: link_rounds<LL, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
             case LLC: link_rounds<LLC, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
-            default: link_rounds<NONE, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            case NONE: link_rounds<NONE, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            default: link_rounds<COUNTERG, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
             }
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
@@ -236,7 +258,10 @@ int main(int argc, char** argv) {
             best = std::min(best, (b.first - a.first) * 1e3 / (R2 - R1));
             wrong += a.second + b.second;
         }
-        printf("%-8s: %.3f us per link, wrong reads %u%s\n", names[scheme], best, wrong,
+        char name[32];
+        if (scheme < 5) snprintf(name, sizeof name, "%s", names[scheme]);
+        else snprintf(name, sizeof name, "counter/%d", G);
+        printf("%-10s: %.3f us per link, wrong reads %u%s\n", name, best, wrong,
                scheme == NONE ? " (unsynchronized: expected)" : wrong ? "  <-- FAIL" : "");
     }
     return 0;
