@@ -58,6 +58,15 @@
 #ifndef SSA_ROPE_SMEM
 #define SSA_ROPE_SMEM 0
 #endif
+// SS_DONE_WORDS=G (a measurement build, -DSS_DONE_WORDS=8 etc.; not yet run; default 1): each
+// operation's `done` counter split into G words, SM s adding to word s % G, so no word takes
+// all the SMs' adds of a link; lanes 0 .. G - 1 of the first consumer warp wait for one word
+// each (the host's buffer has room for 32). proto/link_rate.cu's counter/G measures the bare
+// link the same way.
+#ifndef SS_DONE_WORDS
+#define SS_DONE_WORDS 1
+#endif
+static_assert(SS_DONE_WORDS >= 1 && SS_DONE_WORDS <= 32, "SS_DONE_WORDS: 1 .. 32 (the host's buffer)");
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -890,6 +899,9 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ unsigned landed_w, wdone_w[SS_NW];
     __shared__ volatile int hold;
     __shared__ unsigned done_base;
+#if SS_DONE_WORDS > 1
+    __shared__ unsigned done_w[SS_DONE_WORDS];  // this launch's target for each word
+#endif
     __shared__ int pos_s;  // the step's position (every attention's)
 #if SSA_ROPE_SMEM
     __shared__ SsaRope rope_s;
@@ -931,10 +943,30 @@ __device__ void stream_body(const StreamParams& P) {
         // publish the last operation before every SM has published the one before it, so this
         // is the count the previous launches left.
         unsigned v;
+#if SS_DONE_WORDS > 1
+        // Word 0 counts launches times its SMs; the attention's range counters (one word each)
+        // count launches times all SMs.
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
+                     : "=r"(v)
+                     : "l"(P.done + (size_t)(P.n_ops - 1) * SS_DONE_WORDS)
+                     : "memory");
+        done_base = v / (unsigned)((nsm - 1) / SS_DONE_WORDS + 1) * (unsigned)nsm;
+#else
         asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(P.done + P.n_ops - 1) : "memory");
         done_base = v;
+#endif
         pos_s = pos;
     }
+#if SS_DONE_WORDS > 1
+    if (tid < SS_DONE_WORDS) {
+        unsigned v;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
+                     : "=r"(v)
+                     : "l"(P.done + (size_t)(P.n_ops - 1) * SS_DONE_WORDS + tid)
+                     : "memory");
+        done_w[tid] = v + (tid < nsm ? (unsigned)((nsm - 1 - tid) / SS_DONE_WORDS + 1) : 0u);
+    }
+#endif
     if (tid < SS_NW) wdone_w[tid] = 0;
     if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
@@ -969,10 +1001,19 @@ __device__ void stream_body(const StreamParams& P) {
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
+#if SS_DONE_WORDS > 1
+        if (k > 0 && tid < SS_DONE_WORDS) {
+            // Every SM of this word has published operation k - 1 (the barrier below makes the
+            // words' acquires the whole block's).
+            const unsigned* w = P.done + (size_t)(k - 1) * SS_DONE_WORDS + tid;
+            while ((int)(ss_ld_acquire_gpu(w) - done_w[tid]) < 0) __nanosleep(20);
+        }
+#else
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
+#endif
         // The norm weights' group and the tile's K rows (the V rows may stay in flight; an SM
         // without an item committed none). Waiting for the norm weights alone here measured no
         // gain (docs/decisions.md).
@@ -985,7 +1026,8 @@ __device__ void stream_body(const StreamParams& P) {
         if (kind == STEP_GEMV) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
-            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl);
+            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + (size_t)P.n_ops * SS_DONE_WORDS + k, target, stamps,
+                   tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
@@ -997,7 +1039,9 @@ __device__ void stream_body(const StreamParams& P) {
         ct.sync();
         ss_tl_at(tl, 3);
         if (tid == 0) {
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(
+                             P.done + (size_t)k * SS_DONE_WORDS + blockIdx.x % SS_DONE_WORDS)
+                         : "memory");
             hold = 0;
             if (stamps) atomicMax(stamps + 5, global_ns());
         }

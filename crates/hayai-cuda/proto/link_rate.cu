@@ -103,7 +103,7 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
             __syncthreads();
             if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c + s % groups) : "memory");
             if (tid < 32) {
-                const unsigned want = tid < groups ? (unsigned)((nsm - 1 - tid) / groups + 1) : 0u;
+                const unsigned want = tid < groups && tid < nsm ? (unsigned)((nsm - 1 - tid) / groups + 1) : 0u;
                 for (;;) {
                     const bool ok = tid >= groups || ld_acquire_gpu(c + tid) >= want;
                     if (__all_sync(0xffffffffu, ok)) break;
