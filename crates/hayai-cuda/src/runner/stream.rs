@@ -96,9 +96,8 @@ impl CudaRunner {
         let base = self.gpu.upload(&sm_base)?;
         let cells = self.gpu.upload(&sm_cells)?;
         let shares = self.gpu.upload(&shares)?;
-        // [2][n]: each operation's SM count, then each attention's ranges-stored count.
-        // Room for a measurement build's split counters (`SS_DONE_WORDS`, at most 32 words an
-        // operation); the default uses the first 2 n words.
+        // [2][n]: each operation's SM count, then each attention's ranges-stored count; with a
+        // measurement build's split counters (`SS_DONE_WORDS` = G <= 32), [n][G] then [n].
         let done = self.gpu.alloc(2 * n * STREAM_DONE_WORDS_MAX * 4)?;
         // The per-operation stamps, then (SS_TIMELINE builds) every SM's per-operation stamps and
         // its ring chunks' issue and landing times.
