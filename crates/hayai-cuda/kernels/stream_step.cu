@@ -67,6 +67,10 @@
 #define SS_DONE_WORDS 1
 #endif
 static_assert(SS_DONE_WORDS >= 1 && SS_DONE_WORDS <= 32, "SS_DONE_WORDS: 1 .. 32 (the host's buffer)");
+// The SMs adding to word w of an operation's counter in each launch (those s with s % G == w).
+__device__ __forceinline__ unsigned ss_word_sms(int w, int nsm) {
+    return w < nsm ? (unsigned)((nsm - 1 - w) / SS_DONE_WORDS + 1) : 0u;
+}
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -950,7 +954,7 @@ __device__ void stream_body(const StreamParams& P) {
                      : "=r"(v)
                      : "l"(P.done + (size_t)(P.n_ops - 1) * SS_DONE_WORDS)
                      : "memory");
-        done_base = v / (unsigned)((nsm - 1) / SS_DONE_WORDS + 1) * (unsigned)nsm;
+        done_base = v / ss_word_sms(0, nsm) * (unsigned)nsm;
 #else
         asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(P.done + P.n_ops - 1) : "memory");
         done_base = v;
@@ -964,7 +968,7 @@ __device__ void stream_body(const StreamParams& P) {
                      : "=r"(v)
                      : "l"(P.done + (size_t)(P.n_ops - 1) * SS_DONE_WORDS + tid)
                      : "memory");
-        done_w[tid] = v + (tid < nsm ? (unsigned)((nsm - 1 - tid) / SS_DONE_WORDS + 1) : 0u);
+        done_w[tid] = v + ss_word_sms(tid, nsm);
     }
 #endif
     if (tid < SS_NW) wdone_w[tid] = 0;
