@@ -15,12 +15,11 @@
 #         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step; ~6 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-next: parity of RoPE's tables kept in shared memory per launch (SSA_ROPE_SMEM=1)
-#         and of the operations' counters split into 8 words (SS_DONE_WORDS=8), ~3 min;
-#         pending-next2: A/B/C/A/B/C of the two against the default (~5 min); carry
-#         target/release/examples/gpu_check, .gpu/gpu_check_rope and .gpu/gpu_check_words;
-#         link: proto/link_rate.cu built there and run (one link's cost by scheme, now also
-#         the counter split into 2-32 words; ~1 min);
+#         pending-next: parity of the GEMV prologue in two barriers (SS_GROUP_PRO=1), ~2 min;
+#         pending-next2: A/B/A/B against the default (~4 min), then that build's timeline; carry
+#         target/release/examples/gpu_check, .gpu/gpu_check_gpro and .gpu/gpu_check_gprotl;
+#         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
+#         split into 2-32 words, reduction links by integer atomics and bulk reductions; ~1 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
 #         .gpu/hayai.gz; ~2 min);
@@ -49,10 +48,10 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stages pending-next, pending-next2): RoPE's tables in shared memory; the
-  # operations' counters split into 8 words.
-  CARGO_TARGET_DIR=target/rope HAYAI_CUDA_DEFINES=-DSSA_ROPE_SMEM=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/words HAYAI_CUDA_DEFINES=-DSS_DONE_WORDS=8 cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured (stages pending-next, pending-next2): the GEMV prologue in two barriers, and
+  # its timeline.
+  CARGO_TARGET_DIR=target/gpro HAYAI_CUDA_DEFINES=-DSS_GROUP_PRO=1 cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/gprotl HAYAI_CUDA_DEFINES="-DSS_GROUP_PRO=1 -DSS_TIMELINE=1" cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -60,9 +59,9 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  cp target/rope/release/examples/gpu_check .gpu/gpu_check_rope
-  cp target/words/release/examples/gpu_check .gpu/gpu_check_words
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_rope .gpu/gpu_check_words \
+  cp target/gpro/release/examples/gpu_check .gpu/gpu_check_gpro
+  cp target/gprotl/release/examples/gpu_check .gpu/gpu_check_gprotl
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_gpro .gpu/gpu_check_gprotl \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -139,26 +138,26 @@ run() {
     done
   fi
   if has pending-next; then
-    # Parity of RoPE's tables kept in shared memory per launch (SSA_ROPE_SMEM=1) and of the
-    # split counters (SS_DONE_WORDS=8): the same values, so the default's figures. Carry
-    # target/release/examples/gpu_check, .gpu/gpu_check_rope and .gpu/gpu_check_words.
-    stage "streamed step: SSA_ROPE_SMEM=1, SS_DONE_WORDS=8: parity"
-    local c
-    for c in rope words; do
-      timeout 150 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
-    done
+    # Parity of the GEMV prologue in two barriers (SS_GROUP_PRO=1): the input norm's scale
+    # rounded another way, so near the default's figures, not the same. Carry
+    # target/release/examples/gpu_check, .gpu/gpu_check_gpro and .gpu/gpu_check_gprotl.
+    stage "streamed step: SS_GROUP_PRO=1: parity"
+    timeout 150 .gpu/gpu_check_gpro stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/gpro /" | tee -a "$out/session.log"
   fi
   if has pending-next2; then
-    stage "streamed step: SSA_ROPE_SMEM=1, SS_DONE_WORDS=8: A/B/C"
+    stage "streamed step: SS_GROUP_PRO=1: A/B/A/B, then its timeline"
     local c
-    for c in "$C" .gpu/gpu_check_rope .gpu/gpu_check_words "$C" .gpu/gpu_check_rope .gpu/gpu_check_words; do
+    for c in "$C" .gpu/gpu_check_gpro "$C" .gpu/gpu_check_gpro; do
       echo "-- $c" | tee -a "$out/session.log"
       timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
     done
+    HAYAI_STREAM_TIMELINE="$out/tl-gpro.bin" timeout 120 .gpu/gpu_check_gprotl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+    python3 scripts/stream_timeline.py "$out/tl-gpro.bin" 2>&1 | tee -a "$out/session.log"
   fi
   if has link; then
     # What one hand-over costs (proto/link_rate.cu; ninth session: 2.06 us with one counter at
-    # 2,560 floats), now also with the counter split so no word takes all 132 SMs' adds.
+    # 2,560 floats), the counter split so no word takes all 132 SMs' adds, and reduction links
+    # (split-K partials summed by the L2's integer atomics or bulk reductions).
     stage "link rate (proto/link_rate.cu)"
     local nv
     nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)

@@ -47,30 +47,18 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
-// SSA_ROPE_SMEM=1 (a measurement build, -DSSA_ROPE_SMEM=1; not yet run, off): RoPE's cosines and
-// sines at the step's position kept in shared memory per table of frequencies (two tables, keyed
-// by their address: E4B's sliding and global layers, Gemma 3's two thetas), so an attention's
-// prestage copies them instead of loading its frequencies from global memory and computing them
-// (the same sincosf of the same product, once per launch and SM). The timeline: on the SMs with
-// attention items the time from their QKV publication to their wait is ~2.9 us against ~1.1 on
-// the others, and they are ready 2.0-2.9 us after QKV's last publication. (Fifteenth session's
-// SSA_ROPE_TAB put the table in global memory: one round trip for another, no gain.)
-#ifndef SSA_ROPE_SMEM
-#define SSA_ROPE_SMEM 0
+// SS_GROUP_PRO=1 (a measurement build, -DSS_GROUP_PRO=1; not yet run, off): a GEMV's prologue
+// in two barriers where gemv_prologue takes up to seven (a residual GEMV's five phases: inputs,
+// residual-norm sum, add, norm sum, quantization, each ending in one or two barriers of the 11
+// warps; ~3 us on the critical SM, docs/performance.md, seventeenth session). Every thread
+// already handles the same columns in every phase (warp w groups w, w + 11, ..., lane l their
+// l-th four columns), so only the sums need the other warps: both norms' sums of squares come
+// from one reduction of four sums taken beside the input's (|c (r + a y w)|^2 expanded:
+// c^2 (r.r + 2 a r.(y w) + a^2 (y w).(y w)), another rounding of the input norm's scale only),
+// and each warp quantizes its groups as it finishes them (ss_prologue).
+#ifndef SS_GROUP_PRO
+#define SS_GROUP_PRO 0
 #endif
-// SS_DONE_WORDS=G (a measurement build, -DSS_DONE_WORDS=8 etc.; not yet run; default 1): each
-// operation's `done` counter split into G words, SM s adding to word s % G, so no word takes
-// all the SMs' adds of a link; lanes 0 .. G - 1 of the first consumer warp wait for one word
-// each (the host's buffer has room for 32). proto/link_rate.cu's counter/G measures the bare
-// link the same way.
-#ifndef SS_DONE_WORDS
-#define SS_DONE_WORDS 1
-#endif
-static_assert(SS_DONE_WORDS >= 1 && SS_DONE_WORDS <= 32, "SS_DONE_WORDS: 1 .. 32 (the host's buffer)");
-// The SMs adding to word w of an operation's counter in each launch (those s with s % G == w).
-__device__ __forceinline__ unsigned ss_word_sms(int w, int nsm) {
-    return w < nsm ? (unsigned)((nsm - 1 - w) / SS_DONE_WORDS + 1) : 0u;
-}
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -307,6 +295,9 @@ struct SsShared {
     int xs8[SS_MAXG];         // per input group: integer sum of the quantized x
     float xsc[SS_MAXG];       // per input group: x scale max|x| / 127
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
+#if SS_GROUP_PRO
+    float4 psum[SS_NW];       // ss_prologue's per-warp sums
+#endif
 };
 
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
@@ -343,6 +334,119 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
+#if SS_GROUP_PRO
+// A GEMV's prologue by groups (SS_GROUP_PRO above): warp w builds groups g0 + w, g0 + w + 11, ...
+// of x (the partials summed in split order: step_inputs2), lane l columns 4 l .. 4 l + 3 of
+// each; one reduction of the sums of squares y.y, r.r, r.b, b.b (b = y w, w the residual norm's
+// weight) gives the residual norm's scale a = rsqrt(y.y / n + eps) exactly as gemv_prologue
+// does (the same sums in the same order) and the input norm's from the expansion of
+// |c (r + a b)|^2; then each warp adds, normalizes and quantizes its groups [q0, q1) with no
+// barrier between (the caller's follows). SM 0 stores the new residual. x in shared memory keeps
+// the un-normalized input (the cells read only the quantized groups).
+__device__ void ss_prologue(const GemvParams& p, float* xs, uint2* xf, SsShared& sm, int q0, int q1, float* cst,
+                            unsigned long long* stamps, unsigned long long* tl) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool whole = p.res_in || p.norm_w || p.res_out;
+    const int g0 = whole ? 0 : q0, g1 = whole ? p.cols >> 7 : q1;
+    float4* x4 = (float4*)xs;
+    const bool early_res = cst && p.res_in;
+    if (early_res) {
+        for (int grp = g0 + warp; grp < g1; grp += SS_NW)
+            cp_async16(cst + 4 * (grp * 32 + lane), p.res_in + 4 * (grp * 32 + lane));
+        cp_async_commit();
+    }
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);  // y.y, r.r, r.b, b.b
+    for (int ga = g0 + warp; ga < g1; ga += 2 * SS_NW) {
+        const int gb = ga + SS_NW, ja = ga * 32 + lane, jb = gb * 32 + lane;
+        const bool two = gb < g1;
+        float4 va, vb;
+        step_inputs2(p, ja, jb, two, va, vb);
+        x4[ja] = va;
+        s.x += va.x * va.x + va.y * va.y + va.z * va.z + va.w * va.w;
+        if (two) {
+            x4[jb] = vb;
+            s.x += vb.x * vb.x + vb.y * vb.y + vb.z * vb.z + vb.w * vb.w;
+        }
+    }
+    stamp_at(stamps, 1);
+    ss_tl_at(tl, 4);
+    if (cst) cp_async_wait<0>();
+    ss_tl_at(tl, 8);
+    const int n = p.cols;
+    const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
+    const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);
+    const float4* norm_w = (const float4*)(cst ? cst + 2 * n : p.norm_w);
+    const bool both = p.res_in && p.norm_w;
+    if (both) {
+        for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+            const int j = grp * 32 + lane;
+            const float4 r = res_src[j];
+            float4 b = x4[j];
+            if (p.res_w) {
+                const float4 w = res_w[j];
+                b = make_float4(b.x * w.x, b.y * w.y, b.z * w.z, b.w * w.w);
+            }
+            s.y += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
+            s.z += r.x * b.x + r.y * b.y + r.z * b.z + r.w * b.w;
+            s.w += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+        }
+    }
+    float a = 1.f, scale = 1.f;
+    if ((p.res_in && p.res_w) || p.norm_w) {
+        s.x = warp_sum(s.x);
+        if (both) {
+            s.y = warp_sum(s.y);
+            s.z = warp_sum(s.z);
+            s.w = warp_sum(s.w);
+        }
+        if (lane == 0) sm.psum[warp] = s;
+        ConsumerThreads{}.sync();
+        float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int w = 0; w < SS_NW; w++) {
+            const float4 u = sm.psum[w];
+            t.x += u.x;
+            t.y += u.y;
+            t.z += u.z;
+            t.w += u.w;
+        }
+        if (p.res_in && p.res_w) a = rsqrtf(t.x / (float)n + p.eps);
+        if (p.norm_w) {
+            const float c = p.res_scalar;
+            const float hh = p.res_in ? c * c * (t.y + 2.f * a * t.z + a * a * t.w) : t.x;
+            scale = rsqrtf(hh / (float)n + p.eps);
+        }
+    }
+    stamp_at(stamps, 2);
+    ss_tl_at(tl, 9);
+    ss_tl_at(tl, 5);
+    const bool first = blockIdx.x == 0;
+    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+        const int j = grp * 32 + lane;
+        float4 v = x4[j];
+        if (p.res_in) {
+            const float4 r = res_src[j];
+            if (p.res_w) {
+                const float4 w = res_w[j];
+                v = make_float4(v.x * a * w.x, v.y * a * w.y, v.z * a * w.z, v.w * a * w.w);
+            }
+            const float c = p.res_scalar;
+            v = make_float4((r.x + v.x) * c, (r.y + v.y) * c, (r.z + v.z) * c, (r.w + v.w) * c);
+            if (first && p.res_out) ((float4*)p.res_out)[j] = v;
+        }
+        if (p.norm_w) {
+            const float4 w = norm_w[j];
+            v = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
+        }
+        if (grp >= q0 && grp < q1) {
+            int q[4];
+            const float m = act8_quantize4(v, q);
+            ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m, lane);
+        }
+    }
+    ss_tl_at(tl, 6);
+}
+#endif
+
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
@@ -355,16 +459,25 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
-    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
-                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
-    ss_tl_at(tl, 6);
-    if (nt == 0) return;
-    // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
-    // c = l % 4), half (l / 4) % 2.
-    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
-        int q[4];
-        const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
-        ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m, lane);
+#if SS_GROUP_PRO
+    if (!g.gather_tok) {
+        ss_prologue(g, xs, xf, sm, g0, g1, ss_cst(g, xs, x_floats), stamps, tl);
+        if (nt == 0) return;
+    } else
+#endif
+    {
+        gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
+                                                ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+        ss_tl_at(tl, 6);
+        if (nt == 0) return;
+        // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
+        // c = l % 4), half (l / 4) % 2.
+        for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+            int q[4];
+            const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
+            ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m,
+                           lane);
+        }
     }
     ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
@@ -543,15 +656,7 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
-// RoPE's cosines and sines at the launch's position per frequency table (SSA_ROPE_SMEM): `key`
-// the tables' addresses (null: free), `cs` as SsaLayout::cs (hd / 2 cosines, then the sines);
-// head dims up to 512 (the host's check).
-struct SsaRope {
-    const float* key[2];
-    float cs[2][512];
-};
-
-__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, SsaRope* rope) {
+__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
@@ -564,33 +669,8 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
         }
     }
     cp_async_commit();
-#if SSA_ROPE_SMEM
-    // A table seen before in this launch is copied; a new one is computed and kept in a free
-    // slot (its key set by thread 0; the operations' barriers publish both before the next use).
-    const int hit = rope->key[0] == a.inv_freq ? 0 : rope->key[1] == a.inv_freq ? 1 : -1;
-    if (hit >= 0) {
-        for (int i = threadIdx.x; i < L.hd; i += SS_NW * 32) L.cs[i] = rope->cs[hit][i];
-    } else {
-        const int slot = !rope->key[0] ? 0 : !rope->key[1] ? 1 : -1;
-        for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32) {
-            float sn, cn;
-            sincosf((float)L.pos * a.inv_freq[i], &sn, &cn);
-            L.cs[(L.hd >> 1) + i] = sn;
-            L.cs[i] = cn;
-            if (slot >= 0) {
-                rope->cs[slot][(L.hd >> 1) + i] = sn;
-                rope->cs[slot][i] = cn;
-            }
-        }
-        // Every thread has read the keys before one changes.
-        if (slot >= 0) ConsumerThreads{}.sync();
-        if (slot >= 0 && threadIdx.x == 0) rope->key[slot] = a.inv_freq;
-    }
-#else
-    (void)rope;
     for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
-#endif
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
     ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false);
 }
@@ -903,16 +983,7 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ unsigned landed_w, wdone_w[SS_NW];
     __shared__ volatile int hold;
     __shared__ unsigned done_base;
-#if SS_DONE_WORDS > 1
-    __shared__ unsigned done_w[SS_DONE_WORDS];  // this launch's target for each word
-#endif
     __shared__ int pos_s;  // the step's position (every attention's)
-#if SSA_ROPE_SMEM
-    __shared__ SsaRope rope_s;
-    SsaRope* const rope = &rope_s;
-#else
-    SsaRope* const rope = nullptr;
-#endif
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -936,9 +1007,6 @@ __device__ void stream_body(const StreamParams& P) {
 #endif
         landed_w = 0;
         hold = 0;
-#if SSA_ROPE_SMEM
-        rope_s.key[0] = rope_s.key[1] = nullptr;
-#endif
         // The step's position (attention), read once per launch (every attention's prestage paid
         // its round trip before its wait: +0.3-0.8% a step, docs/performance.md, fifteenth
         // session), requested before the counter so both are in flight.
@@ -947,30 +1015,10 @@ __device__ void stream_body(const StreamParams& P) {
         // publish the last operation before every SM has published the one before it, so this
         // is the count the previous launches left.
         unsigned v;
-#if SS_DONE_WORDS > 1
-        // Word 0 counts launches times its SMs; the attention's range counters (one word each)
-        // count launches times all SMs.
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
-                     : "=r"(v)
-                     : "l"(P.done + (size_t)(P.n_ops - 1) * SS_DONE_WORDS)
-                     : "memory");
-        done_base = v / ss_word_sms(0, nsm) * (unsigned)nsm;
-#else
         asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(P.done + P.n_ops - 1) : "memory");
         done_base = v;
-#endif
         pos_s = pos;
     }
-#if SS_DONE_WORDS > 1
-    if (tid < SS_DONE_WORDS) {
-        unsigned v;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
-                     : "=r"(v)
-                     : "l"(P.done + (size_t)(P.n_ops - 1) * SS_DONE_WORDS + tid)
-                     : "memory");
-        done_w[tid] = v + ss_word_sms(tid, nsm);
-    }
-#endif
     if (tid < SS_NW) wdone_w[tid] = 0;
     if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
@@ -1001,23 +1049,14 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, rope);
+        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
-#if SS_DONE_WORDS > 1
-        if (k > 0 && tid < SS_DONE_WORDS) {
-            // Every SM of this word has published operation k - 1 (the barrier below makes the
-            // words' acquires the whole block's).
-            const unsigned* w = P.done + (size_t)(k - 1) * SS_DONE_WORDS + tid;
-            while ((int)(ss_ld_acquire_gpu(w) - done_w[tid]) < 0) __nanosleep(20);
-        }
-#else
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
-#endif
         // The norm weights' group and the tile's K rows (the V rows may stay in flight; an SM
         // without an item committed none). Waiting for the norm weights alone here measured no
         // gain (docs/decisions.md).
@@ -1030,8 +1069,7 @@ __device__ void stream_body(const StreamParams& P) {
         if (kind == STEP_GEMV) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
-            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + (size_t)P.n_ops * SS_DONE_WORDS + k, target, stamps,
-                   tl);
+            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
@@ -1043,9 +1081,7 @@ __device__ void stream_body(const StreamParams& P) {
         ct.sync();
         ss_tl_at(tl, 3);
         if (tid == 0) {
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(
-                             P.done + (size_t)k * SS_DONE_WORDS + blockIdx.x % SS_DONE_WORDS)
-                         : "memory");
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(P.done + k) : "memory");
             hold = 0;
             if (stamps) atomicMax(stamps + 5, global_ns());
         }

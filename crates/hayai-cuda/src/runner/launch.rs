@@ -177,8 +177,6 @@ pub(crate) const STREAM_WARPS: usize = 11;
 pub(crate) const STREAM_TL_CHUNKS: usize = 4096;
 /// Stamps per SM and operation in that timeline (`SS_TL_SLOTS`).
 pub(crate) const STREAM_TL_SLOTS: usize = 10;
-/// Words of each operation's `done` counter the host makes room for (`SS_DONE_WORDS` <= 32).
-pub(crate) const STREAM_DONE_WORDS_MAX: usize = 32;
 pub(crate) const STREAM_THREADS: usize = (STREAM_WARPS + 1) * 32;
 pub(crate) const STREAM_CHUNK_BYTES: usize = 16 * 1056;
 pub(crate) const STREAM_XF_BYTES: usize = 96 * 16 * 8;

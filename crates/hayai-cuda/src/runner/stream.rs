@@ -96,9 +96,8 @@ impl CudaRunner {
         let base = self.gpu.upload(&sm_base)?;
         let cells = self.gpu.upload(&sm_cells)?;
         let shares = self.gpu.upload(&shares)?;
-        // [2][n]: each operation's SM count, then each attention's ranges-stored count; with a
-        // measurement build's split counters (`SS_DONE_WORDS` = G <= 32), [n][G] then [n].
-        let done = self.gpu.alloc(2 * n * STREAM_DONE_WORDS_MAX * 4)?;
+        // [2][n]: each operation's SM count, then each attention's ranges-stored count.
+        let done = self.gpu.alloc(2 * n * 4)?;
         // The per-operation stamps, then (SS_TIMELINE builds) every SM's per-operation stamps and
         // its ring chunks' issue and landing times.
         let timing_words =
@@ -168,8 +167,7 @@ impl CudaRunner {
         if let Some(d) = &self.stream_debug {
             let n = d.ops.len();
             for (k, op) in d.ops.iter().enumerate() {
-                self.gpu
-                    .write(d.params.done, &vec![0u32; 2 * n * STREAM_DONE_WORDS_MAX])?;
+                self.gpu.write(d.params.done, &vec![0u32; 2 * n])?;
                 let mut l = d.launch.clone();
                 write_param(
                     &mut l.params,
