@@ -18,6 +18,18 @@
 //             than ceil(nsm / G) of the round's adds; lanes 0..G-1 of warp 0 poll one word each
 //             with acquire loads, all in flight together. Whether the adds to one address are a
 //             serial cost of the plain counter (132 of them a link in the streamed step).
+//   red/C   : a reduction link (split-K across SMs fused into the hand-over): C SMs each add a
+//             partial to *every* element of the vector with integer atomics on 64-bit
+//             fixed-point words (`red.global.add.u64`: the sum is the same whatever the order,
+//             so greedy output cannot depend on timing), then the plain counter, then every SM
+//             reads the whole vector. What fusing a GEMV's K split into the previous operation
+//             (gate/up with down, the PLE gate with its projection) would pay instead of a link.
+//   red32/C : the same with 32-bit words (less range or resolution, half the traffic).
+//   bred/C  : red/C's sums with sm_90's bulk reduction: each contributing SM writes its partial
+//             vector (64-bit fixed point) into shared memory and one thread hands it to the L2
+//             as `cp.reduce.async.bulk .add.u64` copies of 4 KB, waits for them to complete, then
+//             the plain counter. Whether the L2 adds a line at a time much faster than it takes
+//             one atomic per element (sm_90 only; other archs print nothing for it).
 //
 // Each round: the rows a block owns are written (value = row + round + a term that is 0 when
 // the previous round's reads were all right, so the chain is a real dependency), then the whole
@@ -35,7 +47,7 @@
 
 #include "proto.cuh"
 
-enum Scheme { COUNTER, FLAGS, LL, NONE, LLC, COUNTERG };
+enum Scheme { COUNTER, FLAGS, LL, NONE, LLC, COUNTERG, RED, RED32, BRED };
 
 __device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
     unsigned v;
@@ -75,12 +87,53 @@ template <int SCHEME, int J>
 __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* sync, int n, int rounds, int nap,
                             unsigned* bad, int groups = 1) {
     __shared__ float red[32];
+    extern __shared__ __align__(16) unsigned long long bred_buf[];  // BRED: n words
     const int s = blockIdx.x, nsm = gridDim.x, tid = threadIdx.x, T = blockDim.x;
     const int r0 = (int)((long long)n * s / nsm), r1 = (int)((long long)n * (s + 1) / nsm);
     unsigned wrong = 0;
     float prev_ok = 0.f;  // 0 when the previous round read everything right
     for (int k = 0; k < rounds; k++) {
-        // Write this block's rows.
+        // Write this block's rows (a reduction link: add to every row, if this SM contributes).
+        if (SCHEME == RED || SCHEME == RED32) {
+            if (s < groups)
+                for (int r = tid; r < n; r += T) {
+                    // Fixed point, 2^-16 units (whole units in 32 bits, which would overflow): the
+                    // sum over the contributors is groups * (r + k).
+                    const long long v = (long long)(((float)(r + k) + prev_ok) * (SCHEME == RED ? 65536.f : 1.f));
+                    if (SCHEME == RED)
+                        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(llvec + (size_t)k * n + r), "l"(v)
+                                     : "memory");
+                    else
+                        asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"((unsigned*)llvec + (size_t)k * n + r),
+                                     "r"((unsigned)v)
+                                     : "memory");
+                }
+        } else if (SCHEME == BRED) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (s < groups) {
+                for (int r = tid; r < n; r += T)
+                    bred_buf[r] = (unsigned long long)(long long)(((float)(r + k) + prev_ok) * 65536.f);
+                // The generic proxy's shared-memory writes before the async proxy reads them.
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                __syncthreads();
+                if (tid == 0) {
+                    const unsigned bytes = (unsigned)n * 8u;
+                    for (unsigned o = 0; o < bytes; o += 4096u) {
+                        const unsigned sz = bytes - o < 4096u ? bytes - o : 4096u;
+                        asm volatile(
+                            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;" ::"l"(
+                                (char*)(llvec + (size_t)k * n) + o),
+                            "r"((unsigned)__cvta_generic_to_shared((char*)bred_buf + o)), "r"(sz)
+                            : "memory");
+                    }
+                    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+                    // The async proxy's global writes ordered before the release below.
+                    asm volatile("fence.proxy.async.global;" ::: "memory");
+                }
+            }
+#endif
+        } else
         for (int r = r0 + tid; r < r1; r += T) {
             const float v = (float)(r + k) + prev_ok;
             if (SCHEME == LL || SCHEME == LLC)
@@ -89,7 +142,7 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
                 __stcg(vec + (size_t)k * n + r, v);
         }
         // Publish and wait.
-        if (SCHEME == COUNTER) {
+        if (SCHEME == COUNTER || SCHEME == RED || SCHEME == RED32 || SCHEME == BRED) {
             __syncthreads();
             if (tid == 0) {
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + k) : "memory");
@@ -141,7 +194,46 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
         // Read and check the whole vector: every thread's loads issued together (J per thread,
         // 16 bytes each: 4 floats, or 2 tagged words), so a read costs about one L2 round trip.
         float sum = 0.f;
-        if (SCHEME == LL || SCHEME == LLC) {
+        if (SCHEME == RED || SCHEME == RED32 || SCHEME == BRED) {
+            // Fixed point back to float (the value as a float times the contributors).
+            const float m = (float)groups;
+            if (SCHEME != RED32) {
+                const ulonglong2* p = (const ulonglong2*)(llvec + (size_t)k * n);
+                ulonglong2 w[J];
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    if (tid + j * T < n / 2) w[j] = __ldcg(p + tid + j * T);
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const int c = tid + j * T;
+                    if (c < n / 2) {
+                        const float a = (float)(long long)w[j].x * (1.f / 65536.f), b = (float)(long long)w[j].y * (1.f / 65536.f);
+                        const float ea = m * (float)(2 * c + k), eb = m * (float)(2 * c + 1 + k);
+                        wrong += (a != ea) + (b != eb);
+                        sum += (a - ea) + (b - eb);
+                    }
+                }
+            } else {
+                const uint4* p = (const uint4*)((const unsigned*)llvec + (size_t)k * n);
+                uint4 w[J];
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    if (tid + j * T < n / 4) w[j] = __ldcg(p + tid + j * T);
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const int c = tid + j * T;
+                    if (c < n / 4) {
+                        const unsigned u[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const float a = (float)(int)u[i], e = m * (float)(4 * c + i + k);
+                            wrong += a != e;
+                            sum += a - e;
+                        }
+                    }
+                }
+            }
+        } else if (SCHEME == LL || SCHEME == LLC) {
             const ulonglong2* p = (const ulonglong2*)(llvec + (size_t)k * n);
             ulonglong2 w[J];
 #pragma unroll
@@ -225,21 +317,40 @@ int main(int argc, char** argv) {
     const char* names[] = {"counter", "flags", "ll", "none", "llc"};
     // The plain schemes, then the split counter with 2 .. 32 words.
     const int gs[] = {2, 4, 8, 16, 32};
-    for (int scheme = 0; scheme < 5 + (int)(sizeof gs / sizeof gs[0]); scheme++) {
-        const int G = scheme >= 5 ? gs[scheme - 5] : 1;
+    const int ngs = (int)(sizeof gs / sizeof gs[0]);
+    // Then the reduction links: all SMs, 64 and 32 contributing (64-bit words), all SMs (32-bit).
+    const int reds[] = {P, 64, 32};
+    const int nreds = (int)(sizeof reds / sizeof reds[0]);
+    // Then the bulk reductions (sm_90): all SMs, 64, 32.
+    const int nb = prop.major >= 9 ? nreds : 0;
+    CK(cudaFuncSetAttribute(link_rounds<BRED, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, n * 8));
+    for (int scheme = 0; scheme < 5 + ngs + nreds + 1 + nb; scheme++) {
+        const int kind = scheme < 5                    ? scheme
+                         : scheme < 5 + ngs            ? COUNTERG
+                         : scheme < 5 + ngs + nreds    ? RED
+                         : scheme == 5 + ngs + nreds   ? RED32
+                                                       : BRED;
+        const int G = kind == COUNTERG ? gs[scheme - 5]
+                      : kind == RED    ? reds[scheme - 5 - ngs]
+                      : kind == BRED   ? reds[scheme - 6 - ngs - nreds]
+                      : kind == RED32  ? P
+                                       : 1;
         auto launch = [&](int rounds) {
             CK(cudaMemset(vec, 0, (size_t)R2 * n * 4));
             CK(cudaMemset(llvec, 0, (size_t)R2 * n * 8));
             CK(cudaMemset(sync, 0, (size_t)R2 * P * 4));
             CK(cudaMemset(bad, 0, 4));
             CK(cudaEventRecord(e0));
-            switch (scheme) {
+            switch (kind) {
             case COUNTER: link_rounds<COUNTER, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
             case FLAGS: link_rounds<FLAGS, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
             case LL: link_rounds<LL, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
             case LLC: link_rounds<LLC, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
             case NONE: link_rounds<NONE, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
-            default: link_rounds<COUNTERG, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
+            case COUNTERG: link_rounds<COUNTERG, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
+            case RED: link_rounds<RED, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
+            case RED32: link_rounds<RED32, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
+            default: link_rounds<BRED, 16><<<P, threads, n * 8>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
             }
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
@@ -260,9 +371,10 @@ int main(int argc, char** argv) {
         }
         char name[32];
         if (scheme < 5) snprintf(name, sizeof name, "%s", names[scheme]);
-        else snprintf(name, sizeof name, "counter/%d", G);
+        else if (kind == COUNTERG) snprintf(name, sizeof name, "counter/%d", G);
+        else snprintf(name, sizeof name, "%s/%d", kind == RED ? "red" : kind == RED32 ? "red32" : "bred", G);
         printf("%-10s: %.3f us per link, wrong reads %u%s\n", name, best, wrong,
-               scheme == NONE ? " (unsynchronized: expected)" : wrong ? "  <-- FAIL" : "");
+               kind == NONE ? " (unsynchronized: expected)" : wrong ? "  <-- FAIL" : "");
     }
     return 0;
 }
