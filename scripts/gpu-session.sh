@@ -15,9 +15,10 @@
 #         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step; ~6 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-next: parity of the GEMV prologue in two barriers (SS_GROUP_PRO=1), ~2 min;
-#         pending-next2: A/B/A/B against the default (~4 min), then that build's timeline; carry
-#         target/release/examples/gpu_check, .gpu/gpu_check_gpro and .gpu/gpu_check_gprotl;
+#         pending-next: parity of an attention whose layout is worked out before its wait
+#         (SSA_LAYOUT_PRE=1), ~2 min; pending-next2: A/B/A/B against the default (~4 min), then
+#         that build's timeline; carry target/release/examples/gpu_check, .gpu/gpu_check_layout
+#         and .gpu/gpu_check_layouttl;
 #         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
 #         split into 2-32 words, reduction links by integer atomics and bulk reductions; ~1 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
@@ -48,10 +49,10 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stages pending-next, pending-next2): the GEMV prologue in two barriers, and
-  # its timeline.
-  CARGO_TARGET_DIR=target/gpro HAYAI_CUDA_DEFINES=-DSS_GROUP_PRO=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/gprotl HAYAI_CUDA_DEFINES="-DSS_GROUP_PRO=1 -DSS_TIMELINE=1" cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured (stages pending-next, pending-next2): an attention whose layout is worked out
+  # before its wait, and its timeline.
+  CARGO_TARGET_DIR=target/layout HAYAI_CUDA_DEFINES=-DSSA_LAYOUT_PRE=1 cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/layouttl HAYAI_CUDA_DEFINES="-DSSA_LAYOUT_PRE=1 -DSS_TIMELINE=1" cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -59,9 +60,9 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  cp target/gpro/release/examples/gpu_check .gpu/gpu_check_gpro
-  cp target/gprotl/release/examples/gpu_check .gpu/gpu_check_gprotl
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_gpro .gpu/gpu_check_gprotl \
+  cp target/layout/release/examples/gpu_check .gpu/gpu_check_layout
+  cp target/layouttl/release/examples/gpu_check .gpu/gpu_check_layouttl
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_layout .gpu/gpu_check_layouttl \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -138,21 +139,21 @@ run() {
     done
   fi
   if has pending-next; then
-    # Parity of the GEMV prologue in two barriers (SS_GROUP_PRO=1): the input norm's scale
-    # rounded another way, so near the default's figures, not the same. Carry
-    # target/release/examples/gpu_check, .gpu/gpu_check_gpro and .gpu/gpu_check_gprotl.
-    stage "streamed step: SS_GROUP_PRO=1: parity"
-    timeout 150 .gpu/gpu_check_gpro stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/gpro /" | tee -a "$out/session.log"
+    # Parity of an attention whose layout is worked out before its wait (SSA_LAYOUT_PRE=1): the
+    # same values, so the default's figures. Carry target/release/examples/gpu_check,
+    # .gpu/gpu_check_layout and .gpu/gpu_check_layouttl.
+    stage "streamed step: SSA_LAYOUT_PRE=1: parity"
+    timeout 150 .gpu/gpu_check_layout stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/layout /" | tee -a "$out/session.log"
   fi
   if has pending-next2; then
-    stage "streamed step: SS_GROUP_PRO=1: A/B/A/B, then its timeline"
+    stage "streamed step: SSA_LAYOUT_PRE=1: A/B/A/B, then its timeline"
     local c
-    for c in "$C" .gpu/gpu_check_gpro "$C" .gpu/gpu_check_gpro; do
+    for c in "$C" .gpu/gpu_check_layout "$C" .gpu/gpu_check_layout; do
       echo "-- $c" | tee -a "$out/session.log"
       timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
     done
-    HAYAI_STREAM_TIMELINE="$out/tl-gpro.bin" timeout 120 .gpu/gpu_check_gprotl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
-    python3 scripts/stream_timeline.py "$out/tl-gpro.bin" 2>&1 | tee -a "$out/session.log"
+    HAYAI_STREAM_TIMELINE="$out/tl-layout.bin" timeout 120 .gpu/gpu_check_layouttl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+    python3 scripts/stream_timeline.py "$out/tl-layout.bin" 2>&1 | tee -a "$out/session.log"
   fi
   if has link; then
     # What one hand-over costs (proto/link_rate.cu; ninth session: 2.06 us with one counter at

@@ -194,6 +194,21 @@ def main():
             print(f"{'attention item inputs (us)':<28}{len(ph[0]):>4}" + "".join(
                 f"  {name} p50 {pct_us(sorted(v), 0.5):.2f} p90 {pct_us(sorted(v), 0.9):.2f}"
                 for name, v in zip(("q/k/v", "all warps", "row+tile"), ph)))
+        # Builds that also stamp the first item's start (slot 9) and thread 0's q/k/v partials
+        # landed (slot 8): ready -> item begun -> partials landed -> q/k/v vector.
+        qp = [[], [], []]
+        for k, (kernel, label) in enumerate(meta["ops"]):
+            if kernel != "attn_split":
+                continue
+            for s in range(nsm):
+                st = [op(s, k, i) for i in (1, 9, 8, 2)]
+                if all(st):
+                    for i in range(3):
+                        qp[i].append(max(0, st[i + 1] - st[i]))
+        if qp[0]:
+            print(f"{'attention q/k/v (us)':<28}{len(qp[0]):>4}" + "".join(
+                f"  {name} p50 {pct_us(sorted(v), 0.5):.2f} p90 {pct_us(sorted(v), 0.9):.2f}"
+                for name, v in zip(("to item", "partials", "vector"), qp)))
     # The link from every SM's view: per operation (medians over layers, µs after the previous
     # operation's last publication P) when the first, median and last SM were ready, when the
     # last and median SM began waiting, and each SM's own publication to its next wait (what it

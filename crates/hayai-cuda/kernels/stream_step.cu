@@ -47,27 +47,24 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
-// SS_GROUP_PRO=1 (a measurement build, -DSS_GROUP_PRO=1; not yet run, off): a GEMV's prologue
-// in two barriers where gemv_prologue takes up to seven (a residual GEMV's five phases: inputs,
-// residual-norm sum, add, norm sum, quantization, each ending in one or two barriers of the 11
-// warps; ~3 us on the critical SM, docs/performance.md, seventeenth session). Every thread
-// already handles the same columns in every phase (warp w groups w, w + 11, ..., lane l their
-// l-th four columns), so only the sums need the other warps: both norms' sums of squares come
-// from one reduction of four sums taken beside the input's (|c (r + a y w)|^2 expanded:
-// c^2 (r.r + 2 a r.(y w) + a^2 (y w).(y w)), another rounding of the input norm's scale only),
-// and each warp quantizes its groups as it finishes them (ss_prologue).
-#ifndef SS_GROUP_PRO
-#define SS_GROUP_PRO 0
+// SSA_LAYOUT_PRE=1 (a measurement build, -DSSA_LAYOUT_PRE=1; not yet run, off): an attention's
+// split of the keys and shared-memory layout (ssa_layout: five dependent integer divisions)
+// worked out before the wait by ssa_prestage and kept in shared memory, so after the wait ssa_op
+// only reads it. The timeline: an item SM
+// takes 0.74 us (median) from its start to its first item's q/k/v loads, before the 0.54 of
+// their round trip.
+#ifndef SSA_LAYOUT_PRE
+#define SSA_LAYOUT_PRE 0
 #endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
 // (before the publication), and for a GEMV its prologue's inputs loaded, residual added, prologue
 // done, cells done, then (slots 8, 9) its residual input landed and the residual's norm summed
-// (for attention, of its first item: thread 0's q/k/v vector done (slot 2), every
-// warp's (7), the newest row and the tile ready (4); then its items done (5), every SM's ranges
-// stored (6)); then per ring chunk [2] = the producer issued it, saw it land (SS_TL_CHUNKS
-// chunks per SM at most). The host writes them out (HAYAI_STREAM_TIMELINE) for
+// (for attention, of its first item: begun (slot 9), thread 0's q/k/v partials landed (8), its
+// q/k/v vector done (2), every warp's (7), the newest row and the tile ready (4); then its
+// items done (5), every SM's ranges stored (6)); then per ring chunk [2] = the producer issued
+// it, saw it land (SS_TL_CHUNKS chunks per SM at most). The host writes them out (HAYAI_STREAM_TIMELINE) for
 // scripts/stream_timeline.py.
 #ifndef SS_TIMELINE
 #define SS_TIMELINE 0
@@ -295,9 +292,6 @@ struct SsShared {
     int xs8[SS_MAXG];         // per input group: integer sum of the quantized x
     float xsc[SS_MAXG];       // per input group: x scale max|x| / 127
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
-#if SS_GROUP_PRO
-    float4 psum[SS_NW];       // ss_prologue's per-warp sums
-#endif
 };
 
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
@@ -334,119 +328,6 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
-#if SS_GROUP_PRO
-// A GEMV's prologue by groups (SS_GROUP_PRO above): warp w builds groups g0 + w, g0 + w + 11, ...
-// of x (the partials summed in split order: step_inputs2), lane l columns 4 l .. 4 l + 3 of
-// each; one reduction of the sums of squares y.y, r.r, r.b, b.b (b = y w, w the residual norm's
-// weight) gives the residual norm's scale a = rsqrt(y.y / n + eps) exactly as gemv_prologue
-// does (the same sums in the same order) and the input norm's from the expansion of
-// |c (r + a b)|^2; then each warp adds, normalizes and quantizes its groups [q0, q1) with no
-// barrier between (the caller's follows). SM 0 stores the new residual. x in shared memory keeps
-// the un-normalized input (the cells read only the quantized groups).
-__device__ void ss_prologue(const GemvParams& p, float* xs, uint2* xf, SsShared& sm, int q0, int q1, float* cst,
-                            unsigned long long* stamps, unsigned long long* tl) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool whole = p.res_in || p.norm_w || p.res_out;
-    const int g0 = whole ? 0 : q0, g1 = whole ? p.cols >> 7 : q1;
-    float4* x4 = (float4*)xs;
-    const bool early_res = cst && p.res_in;
-    if (early_res) {
-        for (int grp = g0 + warp; grp < g1; grp += SS_NW)
-            cp_async16(cst + 4 * (grp * 32 + lane), p.res_in + 4 * (grp * 32 + lane));
-        cp_async_commit();
-    }
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);  // y.y, r.r, r.b, b.b
-    for (int ga = g0 + warp; ga < g1; ga += 2 * SS_NW) {
-        const int gb = ga + SS_NW, ja = ga * 32 + lane, jb = gb * 32 + lane;
-        const bool two = gb < g1;
-        float4 va, vb;
-        step_inputs2(p, ja, jb, two, va, vb);
-        x4[ja] = va;
-        s.x += va.x * va.x + va.y * va.y + va.z * va.z + va.w * va.w;
-        if (two) {
-            x4[jb] = vb;
-            s.x += vb.x * vb.x + vb.y * vb.y + vb.z * vb.z + vb.w * vb.w;
-        }
-    }
-    stamp_at(stamps, 1);
-    ss_tl_at(tl, 4);
-    if (cst) cp_async_wait<0>();
-    ss_tl_at(tl, 8);
-    const int n = p.cols;
-    const float4* res_src = (const float4*)(early_res ? cst : p.res_in);
-    const float4* res_w = (const float4*)(cst ? cst + n : p.res_w);
-    const float4* norm_w = (const float4*)(cst ? cst + 2 * n : p.norm_w);
-    const bool both = p.res_in && p.norm_w;
-    if (both) {
-        for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
-            const int j = grp * 32 + lane;
-            const float4 r = res_src[j];
-            float4 b = x4[j];
-            if (p.res_w) {
-                const float4 w = res_w[j];
-                b = make_float4(b.x * w.x, b.y * w.y, b.z * w.z, b.w * w.w);
-            }
-            s.y += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
-            s.z += r.x * b.x + r.y * b.y + r.z * b.z + r.w * b.w;
-            s.w += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-        }
-    }
-    float a = 1.f, scale = 1.f;
-    if ((p.res_in && p.res_w) || p.norm_w) {
-        s.x = warp_sum(s.x);
-        if (both) {
-            s.y = warp_sum(s.y);
-            s.z = warp_sum(s.z);
-            s.w = warp_sum(s.w);
-        }
-        if (lane == 0) sm.psum[warp] = s;
-        ConsumerThreads{}.sync();
-        float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int w = 0; w < SS_NW; w++) {
-            const float4 u = sm.psum[w];
-            t.x += u.x;
-            t.y += u.y;
-            t.z += u.z;
-            t.w += u.w;
-        }
-        if (p.res_in && p.res_w) a = rsqrtf(t.x / (float)n + p.eps);
-        if (p.norm_w) {
-            const float c = p.res_scalar;
-            const float hh = p.res_in ? c * c * (t.y + 2.f * a * t.z + a * a * t.w) : t.x;
-            scale = rsqrtf(hh / (float)n + p.eps);
-        }
-    }
-    stamp_at(stamps, 2);
-    ss_tl_at(tl, 9);
-    ss_tl_at(tl, 5);
-    const bool first = blockIdx.x == 0;
-    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
-        const int j = grp * 32 + lane;
-        float4 v = x4[j];
-        if (p.res_in) {
-            const float4 r = res_src[j];
-            if (p.res_w) {
-                const float4 w = res_w[j];
-                v = make_float4(v.x * a * w.x, v.y * a * w.y, v.z * a * w.z, v.w * a * w.w);
-            }
-            const float c = p.res_scalar;
-            v = make_float4((r.x + v.x) * c, (r.y + v.y) * c, (r.z + v.z) * c, (r.w + v.w) * c);
-            if (first && p.res_out) ((float4*)p.res_out)[j] = v;
-        }
-        if (p.norm_w) {
-            const float4 w = norm_w[j];
-            v = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
-        }
-        if (grp >= q0 && grp < q1) {
-            int q[4];
-            const float m = act8_quantize4(v, q);
-            ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m, lane);
-        }
-    }
-    ss_tl_at(tl, 6);
-}
-#endif
-
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
@@ -459,25 +340,16 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
-#if SS_GROUP_PRO
-    if (!g.gather_tok) {
-        ss_prologue(g, xs, xf, sm, g0, g1, ss_cst(g, xs, x_floats), stamps, tl);
-        if (nt == 0) return;
-    } else
-#endif
-    {
-        gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
-                                                ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
-        ss_tl_at(tl, 6);
-        if (nt == 0) return;
-        // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
-        // c = l % 4), half (l / 4) % 2.
-        for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
-            int q[4];
-            const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
-            ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m,
-                           lane);
-        }
+    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
+                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+    ss_tl_at(tl, 6);
+    if (nt == 0) return;
+    // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
+    // c = l % 4), half (l / 4) % 2.
+    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+        int q[4];
+        const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
+        ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m, lane);
     }
     ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
@@ -656,8 +528,10 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
-__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
+__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, SsaLayout* keep) {
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
+    // (SSA_LAYOUT_PRE: for ssa_op after the wait; the operation's barrier publishes it.)
+    if (keep && threadIdx.x == 0) *keep = L;
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
     // The norm weights as a cp.async group of their own, before the tile's (the operation's
@@ -682,7 +556,7 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
 #define SSA_MAXP 8  // pairs per lane: head dim <= 512
 // (qw, kw: the norm weights, in shared memory or global.)
 __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh, const float* qw,
-                           const float* kw) {
+                           const float* kw, unsigned long long* tl) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = L.hd, half = hd >> 1, np = half >> 5;
     const int jobs = L.r + (fresh ? 2 : 0);
     for (int jb = warp; jb < jobs; jb += SS_NW) {
@@ -729,6 +603,7 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         for (int m = 0; m < SSA_MAXP; m++)
             if (m < np) ss += x0[m] * x0[m] + x1[m] * x1[m];
         ss = warp_sum(ss);
+        if (jb == 0) ss_tl_at(tl, 8);  // thread 0's partials landed (SS_TIMELINE)
         const float rs = norm ? rsqrtf(ss / (float)hd + a.eps) : 1.f;
 #pragma unroll
         for (int m = 0; m < SSA_MAXP; m++) {
@@ -766,7 +641,9 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
     const bool fresh = a.own_kv && k1 == L.n_keys;  // this item holds the newest key of its own cache
     if (!staged) ssa_stage(a, L, g, k0, min(L.tk, k1 - k0), 0, false);
     const bool wsm = staged && ssa_norm_smem(a, L);  // ssa_prestage copied them into L.o
-    ssa_inputs(a, L, g, fresh, a.q_norm && wsm ? L.o : a.q_norm, a.k_norm && wsm ? L.o + hd : a.k_norm);
+    if (staged) ss_tl_at(tl, 9);
+    ssa_inputs(a, L, g, fresh, a.q_norm && wsm ? L.o : a.q_norm, a.k_norm && wsm ? L.o + hd : a.k_norm,
+               staged ? tl : nullptr);
     if (staged) ss_tl_at(tl, 2);
     ct.sync();  // the fresh k/v complete, the weights in L.o read
     for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;  // (ordered before p.V by the tile's barrier)
@@ -950,10 +827,10 @@ __device__ void ssa_merge(const AttnParams& a, int hd, int S, int o0, int o1, fl
 // Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
 // items done, 7 every SM's.
 __device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, int pos, unsigned* adone,
-                       unsigned target, unsigned long long* stamps, unsigned long long* tl) {
+                       unsigned target, unsigned long long* stamps, unsigned long long* tl, const SsaLayout* kept) {
     const int tid = threadIdx.x;
     const ConsumerThreads ct;
-    const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
+    const SsaLayout L = kept ? *kept : ssa_layout(a, xs, avail, tk_max, pos);
     const int items = a.nkv * L.S;
     for (int it = blockIdx.x; it < items; it += gridDim.x)
         ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl);
@@ -984,6 +861,12 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ volatile int hold;
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
+#if SSA_LAYOUT_PRE
+    __shared__ SsaLayout lay_s;  // the attention's layout, worked out before its wait
+    SsaLayout* const lay = &lay_s;
+#else
+    SsaLayout* const lay = nullptr;
+#endif
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -1049,7 +932,7 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s);
+        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, lay);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
@@ -1069,7 +952,7 @@ __device__ void stream_body(const StreamParams& P) {
         if (kind == STEP_GEMV) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
-            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl);
+            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, lay);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
