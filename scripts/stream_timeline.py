@@ -179,36 +179,29 @@ def main():
             ms = [x * 1e-6 for x in att[1:]]
             print(f"{'attention (last SM)':<28}{att[0]:>4}  inputs {ms[0]:.3f}  items {ms[1]:.3f}"
                   f"  ranges barrier {ms[2]:.3f}  merge {ms[3]:.3f}")
-        # The first item's inputs on every SM that has one (builds stamping slots 2 and 7 too):
-        # ready -> thread 0's q/k/v vector -> every warp's -> the newest row and tile landed.
-        ph = [[], [], []]
-        for k, (kernel, label) in enumerate(meta["ops"]):
-            if kernel != "attn_split":
-                continue
-            for s in range(nsm):
-                st = [op(s, k, i) for i in (1, 2, 7, 4)]
-                if all(st):
-                    for i in range(3):
-                        ph[i].append(max(0, st[i + 1] - st[i]))
-        if ph[0]:
-            print(f"{'attention item inputs (us)':<28}{len(ph[0]):>4}" + "".join(
-                f"  {name} p50 {pct_us(sorted(v), 0.5):.2f} p90 {pct_us(sorted(v), 0.9):.2f}"
-                for name, v in zip(("q/k/v", "all warps", "row+tile"), ph)))
+        # An attention's first item on every SM that has one, phase by phase between slots
+        # (each list: µs between consecutive slots, p50 and p90 over SMs and layers).
+        def attention_phases(title, slots, names):
+            ph = [[] for _ in names]
+            for k, (kernel, label) in enumerate(meta["ops"]):
+                if kernel != "attn_split":
+                    continue
+                for s in range(nsm):
+                    st = [op(s, k, i) for i in slots]
+                    if all(st):
+                        for i in range(len(names)):
+                            ph[i].append(max(0, st[i + 1] - st[i]))
+            if ph[0]:
+                print(f"{title:<28}{len(ph[0]):>4}" + "".join(
+                    f"  {name} p50 {pct_us(sorted(v), 0.5):.2f} p90 {pct_us(sorted(v), 0.9):.2f}"
+                    for name, v in zip(names, ph)))
+
+        # Builds stamping slots 2 and 7 too: ready -> thread 0's q/k/v vector -> every warp's ->
+        # the newest row and tile landed.
+        attention_phases("attention item inputs (us)", (1, 2, 7, 4), ("q/k/v", "all warps", "row+tile"))
         # Builds that also stamp the first item's start (slot 9) and thread 0's q/k/v partials
         # landed (slot 8): ready -> item begun -> partials landed -> q/k/v vector.
-        qp = [[], [], []]
-        for k, (kernel, label) in enumerate(meta["ops"]):
-            if kernel != "attn_split":
-                continue
-            for s in range(nsm):
-                st = [op(s, k, i) for i in (1, 9, 8, 2)]
-                if all(st):
-                    for i in range(3):
-                        qp[i].append(max(0, st[i + 1] - st[i]))
-        if qp[0]:
-            print(f"{'attention q/k/v (us)':<28}{len(qp[0]):>4}" + "".join(
-                f"  {name} p50 {pct_us(sorted(v), 0.5):.2f} p90 {pct_us(sorted(v), 0.9):.2f}"
-                for name, v in zip(("to item", "partials", "vector"), qp)))
+        attention_phases("attention q/k/v (us)", (1, 9, 8, 2), ("to item", "partials", "vector"))
     # The link from every SM's view: per operation (medians over layers, µs after the previous
     # operation's last publication P) when the first, median and last SM were ready, when the
     # last and median SM began waiting, and each SM's own publication to its next wait (what it

@@ -50,9 +50,8 @@
 // SSA_LAYOUT_PRE=1 (a measurement build, -DSSA_LAYOUT_PRE=1; not yet run, off): an attention's
 // split of the keys and shared-memory layout (ssa_layout: five dependent integer divisions)
 // worked out before the wait by ssa_prestage and kept in shared memory, so after the wait ssa_op
-// only reads it. The timeline: an item SM
-// takes 0.74 us (median) from its start to its first item's q/k/v loads, before the 0.54 of
-// their round trip.
+// only reads it. The timeline: an item SM takes 0.74 us (median) from its start to its first
+// item's q/k/v loads, before the 0.54 of their round trip.
 #ifndef SSA_LAYOUT_PRE
 #define SSA_LAYOUT_PRE 0
 #endif
@@ -64,8 +63,8 @@
 // (for attention, of its first item: begun (slot 9), thread 0's q/k/v partials landed (8), its
 // q/k/v vector done (2), every warp's (7), the newest row and the tile ready (4); then its
 // items done (5), every SM's ranges stored (6)); then per ring chunk [2] = the producer issued
-// it, saw it land (SS_TL_CHUNKS chunks per SM at most). The host writes them out (HAYAI_STREAM_TIMELINE) for
-// scripts/stream_timeline.py.
+// it, saw it land (SS_TL_CHUNKS chunks per SM at most). The host writes them out
+// (HAYAI_STREAM_TIMELINE) for scripts/stream_timeline.py.
 #ifndef SS_TIMELINE
 #define SS_TIMELINE 0
 #endif

@@ -81,6 +81,33 @@ __device__ float block_sum(float v, float* red) {
     return s;
 }
 
+// A reduction link's vector of fixed-point words (Word: 64- or 32-bit, signed), every thread's
+// 16-byte loads issued together, then each value in `unit`s checked against the sum the
+// contributors made (m times row + round).
+template <int J, typename Word>
+__device__ void check_fixed(const void* base, int n, int k, float m, float unit, unsigned& wrong, float& sum) {
+    constexpr int PER = 16 / (int)sizeof(Word);
+    const int tid = threadIdx.x, T = blockDim.x;
+    const uint4* p = (const uint4*)base;
+    uint4 w[J];
+#pragma unroll
+    for (int j = 0; j < J; j++)
+        if (tid + j * T < n / PER) w[j] = __ldcg(p + tid + j * T);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int c = tid + j * T;
+        if (c < n / PER) {
+            const Word* x = (const Word*)&w[j];
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const float a = (float)x[i] * unit, e = m * (float)(PER * c + i + k);
+                wrong += a != e;
+                sum += a - e;
+            }
+        }
+    }
+}
+
 // vec: per round, n floats (counter/flags/none) or n tagged words (ll). sync: per round, the
 // counter (1 word) or the flags (nsm words). bad: wrong reads, summed over blocks.
 template <int SCHEME, int J>
@@ -197,42 +224,8 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
         if (SCHEME == RED || SCHEME == RED32 || SCHEME == BRED) {
             // Fixed point back to float (the value as a float times the contributors).
             const float m = (float)groups;
-            if (SCHEME != RED32) {
-                const ulonglong2* p = (const ulonglong2*)(llvec + (size_t)k * n);
-                ulonglong2 w[J];
-#pragma unroll
-                for (int j = 0; j < J; j++)
-                    if (tid + j * T < n / 2) w[j] = __ldcg(p + tid + j * T);
-#pragma unroll
-                for (int j = 0; j < J; j++) {
-                    const int c = tid + j * T;
-                    if (c < n / 2) {
-                        const float a = (float)(long long)w[j].x * (1.f / 65536.f), b = (float)(long long)w[j].y * (1.f / 65536.f);
-                        const float ea = m * (float)(2 * c + k), eb = m * (float)(2 * c + 1 + k);
-                        wrong += (a != ea) + (b != eb);
-                        sum += (a - ea) + (b - eb);
-                    }
-                }
-            } else {
-                const uint4* p = (const uint4*)((const unsigned*)llvec + (size_t)k * n);
-                uint4 w[J];
-#pragma unroll
-                for (int j = 0; j < J; j++)
-                    if (tid + j * T < n / 4) w[j] = __ldcg(p + tid + j * T);
-#pragma unroll
-                for (int j = 0; j < J; j++) {
-                    const int c = tid + j * T;
-                    if (c < n / 4) {
-                        const unsigned u[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float a = (float)(int)u[i], e = m * (float)(4 * c + i + k);
-                            wrong += a != e;
-                            sum += a - e;
-                        }
-                    }
-                }
-            }
+            if (SCHEME == RED32) check_fixed<J, int>((const int*)llvec + (size_t)k * n, n, k, m, 1.f, wrong, sum);
+            else check_fixed<J, long long>(llvec + (size_t)k * n, n, k, m, 1.f / 65536.f, wrong, sum);
         } else if (SCHEME == LL || SCHEME == LLC) {
             const ulonglong2* p = (const ulonglong2*)(llvec + (size_t)k * n);
             ulonglong2 w[J];
