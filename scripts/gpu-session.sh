@@ -19,6 +19,10 @@
 #         (SSA_LAYOUT_PRE=1), ~2 min; pending-next2: A/B/A/B against the default (~4 min), then
 #         that build's timeline; carry target/release/examples/gpu_check, .gpu/gpu_check_layout
 #         and .gpu/gpu_check_layouttl;
+#         pending-skip: A/B/A/B of the default against a timing-only build whose PLE projection
+#         is skipped (SS_SKIP_PLEPROJ=1: wrong outputs; the bound on folding the projection into
+#         the gate's operation), ~4 min; carry target/release/examples/gpu_check and
+#         .gpu/gpu_check_skip;
 #         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
 #         split into 2-32 words, reduction links by integer atomics and bulk reductions; ~1 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
@@ -53,6 +57,8 @@ prepare() {
   # before its wait, and its timeline.
   CARGO_TARGET_DIR=target/layout HAYAI_CUDA_DEFINES=-DSSA_LAYOUT_PRE=1 cargo build --release -p hayai-cuda --example gpu_check
   CARGO_TARGET_DIR=target/layouttl HAYAI_CUDA_DEFINES="-DSSA_LAYOUT_PRE=1 -DSS_TIMELINE=1" cargo build --release -p hayai-cuda --example gpu_check
+  # Timing only (wrong outputs; stage pending-skip): the PLE projection skipped.
+  CARGO_TARGET_DIR=target/skip HAYAI_CUDA_DEFINES=-DSS_SKIP_PLEPROJ=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -62,7 +68,9 @@ prepare() {
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
   cp target/layout/release/examples/gpu_check .gpu/gpu_check_layout
   cp target/layouttl/release/examples/gpu_check .gpu/gpu_check_layouttl
+  cp target/skip/release/examples/gpu_check .gpu/gpu_check_skip
   strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_layout .gpu/gpu_check_layouttl \
+    .gpu/gpu_check_skip \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -155,6 +163,16 @@ run() {
     HAYAI_STREAM_TIMELINE="$out/tl-layout.bin" timeout 120 .gpu/gpu_check_layouttl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
     python3 scripts/stream_timeline.py "$out/tl-layout.bin" 2>&1 | tee -a "$out/session.log"
   fi
+  if has pending-skip; then
+    # Timing only: the PLE projection skipped (SS_SKIP_PLEPROJ=1, wrong outputs), against the
+    # default, alternated. The difference bounds what one boundary fewer a layer there can save.
+    stage "streamed step: SS_SKIP_PLEPROJ=1 (timing only): A/B/A/B"
+    local c
+    for c in "$C" .gpu/gpu_check_skip "$C" .gpu/gpu_check_skip; do
+      echo "-- $c" | tee -a "$out/session.log"
+      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
+    done
+  fi
   if has link; then
     # What one hand-over costs (proto/link_rate.cu; ninth session: 2.06 us with one counter at
     # 2,560 floats), the counter split so no word takes all 132 SMs' adds, and reduction links
@@ -240,5 +258,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [pending-skip] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -55,6 +55,15 @@
 #ifndef SSA_LAYOUT_PRE
 #define SSA_LAYOUT_PRE 0
 #endif
+// SS_SKIP_PLEPROJ=1 (a timing build, -DSS_SKIP_PLEPROJ=1; WRONG OUTPUTS, never for anything but
+// its step time; not yet run, off): every SM publishes the PLE projection (the GEMV with
+// `act_mult`) without waiting for the gate or multiplying, its cells released unread, so the
+// next QKV waits for the gate directly. The step time it gives bounds from above what folding
+// the projection into the gate's operation can save (docs/streamed-step.md, "Next structural
+// step").
+#ifndef SS_SKIP_PLEPROJ
+#define SS_SKIP_PLEPROJ 0
+#endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -935,7 +944,8 @@ __device__ void stream_body(const StreamParams& P) {
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
-        if (k > 0 && tid == 0) {
+        const bool skip = SS_SKIP_PLEPROJ && op.kind == STEP_GEMV && op.g.act_mult;
+        if (k > 0 && tid == 0 && !skip) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
@@ -948,7 +958,10 @@ __device__ void stream_body(const StreamParams& P) {
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
-        if (kind == STEP_GEMV) {
+        if (kind == STEP_GEMV && skip) {
+            const SmShare& sh = share_stage[k & 1];
+            R.release_to(sh.first_cell + sh.units * (unsigned)((op.g.cols >> 7) / op.g.splits));
+        } else if (kind == STEP_GEMV) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, lay);
