@@ -23,6 +23,9 @@
 #         is skipped (SS_SKIP_PLEPROJ=1: wrong outputs; the bound on folding the projection into
 #         the gate's operation), ~4 min; carry target/release/examples/gpu_check and
 #         .gpu/gpu_check_skip;
+#         pending-lean: parity and A/B/A/B of the one-unit-a-warp cell loop stepped instead of
+#         worked out per cell (SS_KW1_LEAN=1), ~6 min; carry target/release/examples/gpu_check and
+#         .gpu/gpu_check_lean;
 #         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
 #         split into 2-32 words, reduction links by integer atomics and bulk reductions; ~1 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
@@ -59,6 +62,8 @@ prepare() {
   CARGO_TARGET_DIR=target/layouttl HAYAI_CUDA_DEFINES="-DSSA_LAYOUT_PRE=1 -DSS_TIMELINE=1" cargo build --release -p hayai-cuda --example gpu_check
   # Timing only (wrong outputs; stage pending-skip): the PLE projection skipped.
   CARGO_TARGET_DIR=target/skip HAYAI_CUDA_DEFINES=-DSS_SKIP_PLEPROJ=1 cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured (stage pending-lean): the one-unit-a-warp cell loop by steps.
+  CARGO_TARGET_DIR=target/lean HAYAI_CUDA_DEFINES=-DSS_KW1_LEAN=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -69,8 +74,9 @@ prepare() {
   cp target/layout/release/examples/gpu_check .gpu/gpu_check_layout
   cp target/layouttl/release/examples/gpu_check .gpu/gpu_check_layouttl
   cp target/skip/release/examples/gpu_check .gpu/gpu_check_skip
+  cp target/lean/release/examples/gpu_check .gpu/gpu_check_lean
   strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_layout .gpu/gpu_check_layouttl \
-    .gpu/gpu_check_skip \
+    .gpu/gpu_check_skip .gpu/gpu_check_lean \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -173,6 +179,17 @@ run() {
       timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
     done
   fi
+  if has pending-lean; then
+    # The one-unit-a-warp cell loop by steps (SS_KW1_LEAN=1): the same cells in the same order,
+    # so the default's parity figures; then A/B/A/B against the default.
+    stage "streamed step: SS_KW1_LEAN=1: parity, A/B/A/B"
+    timeout 150 .gpu/gpu_check_lean stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/lean /" | tee -a "$out/session.log"
+    local c
+    for c in "$C" .gpu/gpu_check_lean "$C" .gpu/gpu_check_lean; do
+      echo "-- $c" | tee -a "$out/session.log"
+      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
+    done
+  fi
   if has link; then
     # What one hand-over costs (proto/link_rate.cu; ninth session: 2.06 us with one counter at
     # 2,560 floats), the counter split so no word takes all 132 SMs' adds, and reduction links
@@ -258,5 +275,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [pending-skip] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [pending-skip] [pending-lean] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -55,6 +55,16 @@
 #ifndef SSA_LAYOUT_PRE
 #define SSA_LAYOUT_PRE 0
 #endif
+// SS_KW1_LEAN=1 (a measurement build, -DSS_KW1_LEAN=1; not yet run, off): a consumer warp's cell
+// loop where it has one unit of its own (kw = 1: gate/up's and down's passes, 200 and 100 cells an
+// SM) steps its ring slot, input group and scales from cell to cell instead of working out each
+// cell's position, slot (a division by the ring's chunks) and addresses again: the loop is ~158
+// instructions a pair of cells, ~80 of them the cells', and three warps share a scheduler, so
+// the cells (~250 ns each in the step against ~150 in the prototype's resident ones) may be
+// bound by instructions issued.
+#ifndef SS_KW1_LEAN
+#define SS_KW1_LEAN 0
+#endif
 // SS_SKIP_PLEPROJ=1 (a timing build, -DSS_SKIP_PLEPROJ=1; WRONG OUTPUTS, never for anything but
 // its step time; not yet run, off): every SM publishes the PLE projection (the GEMV with
 // `act_mult`) without waiting for the gate or multiplying, its cells released unread, so the
@@ -373,6 +383,39 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             int u_slice, u_tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
             const int gofs = u_slice * gu;  // the unit's first group
+#if SS_KW1_LEAN
+            if (q.kw == 1) {
+                // One unit a warp (gate/up's and down's passes): its cells are np apart in the
+                // stream, round after round, so the ring slot (the position modulo the ring's
+                // cells) and the input group advance by steps instead of being worked out again.
+                constexpr unsigned RC = (unsigned)(NCH * SS_CH);
+                const unsigned np = (unsigned)q.np;
+                unsigned pos = pb + (unsigned)ti, slot = pos % RC;
+                const uint2* xb = lane < 4 ? xf + gofs * 16 + lane : sm.xzero;
+                const int xstep = lane < 4 ? 16 : 0;
+                const int* x8 = sm.xs8 + gofs;
+                const float* xc = sm.xsc + gofs;
+                int r = 0;
+                for (; r + 1 < gu; r += 2) {
+                    unsigned slot1 = slot + np;
+                    if (slot1 >= RC) slot1 -= RC;
+                    R.release_to(pos);
+                    R.land((pos + np) / SS_CH);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[r + 1], xc[r + 1], lane, acc_a, acc_b);
+                    xb += 2 * xstep;
+                    pos += 2 * np;
+                    slot = slot1 + np;
+                    if (slot >= RC) slot -= RC;
+                }
+                if (r < gu) {
+                    R.release_to(pos);
+                    R.land(pos / SS_CH);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                }
+            } else
+#endif
+            {
             // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
             int r = 0;
             for (; r + 1 < q.rounds; r += 2) {  // two cells at a time (rounds r and r + 1, r full)
@@ -397,6 +440,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 R.land(pos / SS_CH);
                 ss_cell(R.cell(pos), lane < 4 ? xf + (gofs + grp) * 16 + lane : sm.xzero, sm.xs8[gofs + grp],
                         sm.xsc[gofs + grp], lane, acc_a, acc_b);
+            }
             }
             if ((lane & 3) == 0) {
                 sm.red[pc & 1][warp][lane >> 2] = acc_a;
