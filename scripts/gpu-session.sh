@@ -105,6 +105,14 @@ run() {
   stage() { echo "== $1 ($(date -u +%T))" | tee -a "$out/session.log"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
+  # A measurement build against the default, alternated A/B/A/B (`gpu_check bench-stream`).
+  ab_stream() {
+    local c
+    for c in "$C" "$1" "$C" "$1"; do
+      echo "-- $c" | tee -a "$out/session.log"
+      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
+    done
+  }
   if has pending; then
     # The streamed-step prototype's defaults re-measured (docs/performance.md, "The streamed step,
     # tenth session"): the W4A8 chain on the 11-chunk ring (full chain, stream only, cells only),
@@ -161,11 +169,7 @@ run() {
   fi
   if has pending-next2; then
     stage "streamed step: SSA_LAYOUT_PRE=1: A/B/A/B, then its timeline"
-    local c
-    for c in "$C" .gpu/gpu_check_layout "$C" .gpu/gpu_check_layout; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
-    done
+    ab_stream .gpu/gpu_check_layout
     HAYAI_STREAM_TIMELINE="$out/tl-layout.bin" timeout 120 .gpu/gpu_check_layouttl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
     python3 scripts/stream_timeline.py "$out/tl-layout.bin" 2>&1 | tee -a "$out/session.log"
   fi
@@ -173,22 +177,14 @@ run() {
     # Timing only: the PLE projection skipped (SS_SKIP_PLEPROJ=1, wrong outputs), against the
     # default, alternated. The difference bounds what one boundary fewer a layer there can save.
     stage "streamed step: SS_SKIP_PLEPROJ=1 (timing only): A/B/A/B"
-    local c
-    for c in "$C" .gpu/gpu_check_skip "$C" .gpu/gpu_check_skip; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
-    done
+    ab_stream .gpu/gpu_check_skip
   fi
   if has pending-lean; then
     # The one-unit-a-warp cell loop by steps (SS_KW1_LEAN=1): the same cells in the same order,
     # so the default's parity figures; then A/B/A/B against the default.
     stage "streamed step: SS_KW1_LEAN=1: parity, A/B/A/B"
     timeout 150 .gpu/gpu_check_lean stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/lean /" | tee -a "$out/session.log"
-    local c
-    for c in "$C" .gpu/gpu_check_lean "$C" .gpu/gpu_check_lean; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
-    done
+    ab_stream .gpu/gpu_check_lean
   fi
   if has link; then
     # What one hand-over costs (proto/link_rate.cu; ninth session: 2.06 us with one counter at
