@@ -16,9 +16,10 @@
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
 #         pending-next: parity of an attention whose layout is worked out before its wait
-#         (SSA_LAYOUT_PRE=1), ~2 min; pending-next2: A/B/A/B against the default (~4 min), then
-#         that build's timeline; carry target/release/examples/gpu_check, .gpu/gpu_check_layout
-#         and .gpu/gpu_check_layouttl;
+#         (SSA_LAYOUT_PRE=1) and of its q/k/v inputs specialized by head dim (SSA_INPUTS_NP=1),
+#         ~3 min; pending-next2: A/B/A/B of each against the default (~8 min), then the timeline
+#         of both together; carry target/release/examples/gpu_check, .gpu/gpu_check_layout,
+#         .gpu/gpu_check_inputs and .gpu/gpu_check_layouttl;
 #         pending-skip: A/B/A/B of the default against a timing-only build whose PLE projection
 #         is skipped (SS_SKIP_PLEPROJ=1: wrong outputs; the bound on folding the projection into
 #         the gate's operation), ~4 min; carry target/release/examples/gpu_check and
@@ -59,7 +60,9 @@ prepare() {
   # Not yet measured (stages pending-next, pending-next2): an attention whose layout is worked out
   # before its wait, and its timeline.
   CARGO_TARGET_DIR=target/layout HAYAI_CUDA_DEFINES=-DSSA_LAYOUT_PRE=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/layouttl HAYAI_CUDA_DEFINES="-DSSA_LAYOUT_PRE=1 -DSS_TIMELINE=1" cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/inputs HAYAI_CUDA_DEFINES=-DSSA_INPUTS_NP=1 cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/layouttl HAYAI_CUDA_DEFINES="-DSSA_LAYOUT_PRE=1 -DSSA_INPUTS_NP=1 -DSS_TIMELINE=1" \
+    cargo build --release -p hayai-cuda --example gpu_check
   # Timing only (wrong outputs; stage pending-skip): the PLE projection skipped.
   CARGO_TARGET_DIR=target/skip HAYAI_CUDA_DEFINES=-DSS_SKIP_PLEPROJ=1 cargo build --release -p hayai-cuda --example gpu_check
   # Not yet measured (stage pending-lean): the one-unit-a-warp cell loop by steps.
@@ -72,11 +75,12 @@ prepare() {
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
   cp target/layout/release/examples/gpu_check .gpu/gpu_check_layout
+  cp target/inputs/release/examples/gpu_check .gpu/gpu_check_inputs
   cp target/layouttl/release/examples/gpu_check .gpu/gpu_check_layouttl
   cp target/skip/release/examples/gpu_check .gpu/gpu_check_skip
   cp target/lean/release/examples/gpu_check .gpu/gpu_check_lean
   strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_layout .gpu/gpu_check_layouttl \
-    .gpu/gpu_check_skip .gpu/gpu_check_lean \
+    .gpu/gpu_check_skip .gpu/gpu_check_lean .gpu/gpu_check_inputs \
     target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so.
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
@@ -161,15 +165,20 @@ run() {
     done
   fi
   if has pending-next; then
-    # Parity of an attention whose layout is worked out before its wait (SSA_LAYOUT_PRE=1): the
-    # same values, so the default's figures. Carry target/release/examples/gpu_check,
-    # .gpu/gpu_check_layout and .gpu/gpu_check_layouttl.
-    stage "streamed step: SSA_LAYOUT_PRE=1: parity"
-    timeout 150 .gpu/gpu_check_layout stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/layout /" | tee -a "$out/session.log"
+    # Parity of an attention whose layout is worked out before its wait (SSA_LAYOUT_PRE=1) and of
+    # its q/k/v inputs specialized by head dim (SSA_INPUTS_NP=1): the same values, so the
+    # default's figures. Carry target/release/examples/gpu_check, .gpu/gpu_check_layout,
+    # .gpu/gpu_check_inputs and .gpu/gpu_check_layouttl.
+    stage "streamed step: SSA_LAYOUT_PRE=1, SSA_INPUTS_NP=1: parity"
+    local c
+    for c in layout inputs; do
+      timeout 150 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
+    done
   fi
   if has pending-next2; then
-    stage "streamed step: SSA_LAYOUT_PRE=1: A/B/A/B, then its timeline"
+    stage "streamed step: SSA_LAYOUT_PRE=1, SSA_INPUTS_NP=1: A/B/A/B each, then both's timeline"
     ab_stream .gpu/gpu_check_layout
+    ab_stream .gpu/gpu_check_inputs
     HAYAI_STREAM_TIMELINE="$out/tl-layout.bin" timeout 120 .gpu/gpu_check_layouttl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
     python3 scripts/stream_timeline.py "$out/tl-layout.bin" 2>&1 | tee -a "$out/session.log"
   fi

@@ -65,6 +65,14 @@
 #ifndef SS_KW1_LEAN
 #define SS_KW1_LEAN 0
 #endif
+// SSA_INPUTS_NP=1 (a measurement build, -DSSA_INPUTS_NP=1; not yet run, off): an attention item's
+// q/k/v vectors (ssa_inputs) built by code specialized for head dims 256 and 512, every per-pair
+// guard (m < np, np known only at run time) gone. The timeline: 0.70 us (median) from thread 0's
+// q/k/v partials landed to its vector done: ~390 SASS instructions in that stretch (guarded
+// pairs, branches) for a few dozen of arithmetic.
+#ifndef SSA_INPUTS_NP
+#define SSA_INPUTS_NP 0
+#endif
 // SS_SKIP_PLEPROJ=1 (a timing build, -DSS_SKIP_PLEPROJ=1; WRONG OUTPUTS, never for anything but
 // its step time; not yet run, off): every SM publishes the PLE projection (the GEMV with
 // `act_mult`) without waiting for the gate or multiplying, its cells released unread, so the
@@ -606,10 +614,14 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
 // rotated; as norm_rope_heads (the squares summed in another order). A lane holds the pairs
 // (i, i + hd/2) it rotates, every load of a partial issued together with the weights'.
 #define SSA_MAXP 8  // pairs per lane: head dim <= 512
-// (qw, kw: the norm weights, in shared memory or global.)
+// (qw, kw: the norm weights, in shared memory or global.) NP: the pairs per lane when known at
+// compile time (SSA_INPUTS_NP builds: head dims 256 and 512), 0 for any.
+template <int NP = 0>
 __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh, const float* qw,
                            const float* kw, unsigned long long* tl) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = L.hd, half = hd >> 1, np = half >> 5;
+    constexpr int MAXP = NP ? NP : SSA_MAXP;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = NP ? 64 * NP : L.hd, half = hd >> 1,
+              np = NP ? NP : half >> 5;
     const int jobs = L.r + (fresh ? 2 : 0);
     for (int jb = warp; jb < jobs; jb += SS_NW) {
         const float* src;
@@ -631,9 +643,9 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
             rope = false;
             norm = a.v_norm != 0;
         }
-        float x0[SSA_MAXP], x1[SSA_MAXP];
+        float x0[MAXP], x1[MAXP];
 #pragma unroll
-        for (int m = 0; m < SSA_MAXP; m++) {
+        for (int m = 0; m < MAXP; m++) {
             if (m < np) {
                 const int i = lane + 32 * m;
                 x0[m] = __ldcg(src + i);
@@ -643,7 +655,7 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         for (int s = 1; s < a.qkv_splits; s++) {
             const float* sp = src + (size_t)s * a.qkv_ld;
 #pragma unroll
-            for (int m = 0; m < SSA_MAXP; m++) {
+            for (int m = 0; m < MAXP; m++) {
                 if (m < np) {
                     x0[m] += __ldcg(sp + lane + 32 * m);
                     x1[m] += __ldcg(sp + lane + 32 * m + half);
@@ -652,13 +664,13 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         }
         float ss = 0.f;
 #pragma unroll
-        for (int m = 0; m < SSA_MAXP; m++)
+        for (int m = 0; m < MAXP; m++)
             if (m < np) ss += x0[m] * x0[m] + x1[m] * x1[m];
         ss = warp_sum(ss);
         if (jb == 0) ss_tl_at(tl, 8);  // thread 0's partials landed (SS_TIMELINE)
         const float rs = norm ? rsqrtf(ss / (float)hd + a.eps) : 1.f;
 #pragma unroll
-        for (int m = 0; m < SSA_MAXP; m++) {
+        for (int m = 0; m < MAXP; m++) {
             if (m < np) {
                 const int i = lane + 32 * m;
                 float v0 = x0[m], v1 = x1[m];
@@ -694,8 +706,19 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
     if (!staged) ssa_stage(a, L, g, k0, min(L.tk, k1 - k0), 0, false);
     const bool wsm = staged && ssa_norm_smem(a, L);  // ssa_prestage copied them into L.o
     if (staged) ss_tl_at(tl, 9);
-    ssa_inputs(a, L, g, fresh, a.q_norm && wsm ? L.o : a.q_norm, a.k_norm && wsm ? L.o + hd : a.k_norm,
-               staged ? tl : nullptr);
+    {
+        const float* qw = a.q_norm && wsm ? L.o : a.q_norm;
+        const float* kw = a.k_norm && wsm ? L.o + hd : a.k_norm;
+        unsigned long long* itl = staged ? tl : nullptr;
+#if SSA_INPUTS_NP
+        if (hd == 256)
+            ssa_inputs<4>(a, L, g, fresh, qw, kw, itl);
+        else if (hd == 512)
+            ssa_inputs<8>(a, L, g, fresh, qw, kw, itl);
+        else
+#endif
+            ssa_inputs(a, L, g, fresh, qw, kw, itl);
+    }
     if (staged) ss_tl_at(tl, 2);
     ct.sync();  // the fresh k/v complete, the weights in L.o read
     for (int i = tid; i < r * hd; i += SS_NW * 32) L.o[i] = 0.f;  // (ordered before p.V by the tile's barrier)
