@@ -96,79 +96,6 @@ __device__ __forceinline__ int dot_group_a8(uint4 w, const uint4* xw, int xsum) 
     return d - 8 * xsum;
 }
 
-// The decode steps' input of columns ja and jb (float4 indices; jb only when `two`): the
-// partials summed in split order (GeGLU of the gate/up pairs when `in_glu`), then `act_mult`.
-// Every partial of both columns is requested before any is used, so the two cost one memory
-// round trip (gemv_prologue's STEP variant, stream_step.cu's group-mapped prologue).
-__device__ __forceinline__ void step_inputs2(const GemvParams& p, int ja, int jb, bool two, float4& va, float4& vb) {
-    vb = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p.in_glu) {
-        const float4* q = (const float4*)p.in;
-        float4 a0 = q[2 * ja], a1 = q[2 * ja + 1], b0 = vb, b1 = vb;
-        if (two) {
-            b0 = q[2 * jb];
-            b1 = q[2 * jb + 1];
-        }
-        for (int s = 1; s < p.in_splits; s++) {
-            const float4* r = (const float4*)(p.in + (size_t)s * p.in_ld);
-            const float4 c0 = r[2 * ja], c1 = r[2 * ja + 1];
-            a0.x += c0.x; a0.y += c0.y; a0.z += c0.z; a0.w += c0.w;
-            a1.x += c1.x; a1.y += c1.y; a1.z += c1.z; a1.w += c1.w;
-            if (two) {
-                const float4 d0 = r[2 * jb], d1 = r[2 * jb + 1];
-                b0.x += d0.x; b0.y += d0.y; b0.z += d0.z; b0.w += d0.w;
-                b1.x += d1.x; b1.y += d1.y; b1.z += d1.z; b1.w += d1.w;
-            }
-        }
-        va = make_float4(gelu_tanh(a0.x) * a0.y, gelu_tanh(a0.z) * a0.w, gelu_tanh(a1.x) * a1.y,
-                         gelu_tanh(a1.z) * a1.w);
-        vb = make_float4(gelu_tanh(b0.x) * b0.y, gelu_tanh(b0.z) * b0.w, gelu_tanh(b1.x) * b1.y,
-                         gelu_tanh(b1.z) * b1.w);
-    } else {
-        const float4* q = (const float4*)p.in;
-        va = q[ja];
-        if (two) vb = q[jb];
-        float4 ua[3], ub[3];
-#pragma unroll
-        for (int k = 0; k < 3; k++) ua[k] = ub[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int k = 0; k < 3; k++) {
-            if (k + 1 < p.in_splits) {
-                const float4* r = (const float4*)(p.in + (size_t)(k + 1) * p.in_ld);
-                ua[k] = r[ja];
-                if (two) ub[k] = r[jb];
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < 3; k++) {
-            if (k + 1 < p.in_splits) {
-                va.x += ua[k].x; va.y += ua[k].y; va.z += ua[k].z; va.w += ua[k].w;
-                vb.x += ub[k].x; vb.y += ub[k].y; vb.z += ub[k].z; vb.w += ub[k].w;
-            }
-        }
-        // Splits past four (none in the shapes measured), one at a time, in order.
-        for (int s = 4; s < p.in_splits; s++) {
-            const float4* r = (const float4*)(p.in + (size_t)s * p.in_ld);
-            const float4 c = r[ja];
-            va.x += c.x; va.y += c.y; va.z += c.z; va.w += c.w;
-            if (two) {
-                const float4 d = r[jb];
-                vb.x += d.x; vb.y += d.y; vb.z += d.z; vb.w += d.w;
-            }
-        }
-    }
-    if (p.act_mult) {
-        const float4 m = ((const float4*)p.act_mult)[ja];
-        va = make_float4(gelu_tanh(va.x) * m.x, gelu_tanh(va.y) * m.y, gelu_tanh(va.z) * m.z,
-                         gelu_tanh(va.w) * m.w);
-        if (two) {
-            const float4 n = ((const float4*)p.act_mult)[jb];
-            vb = make_float4(gelu_tanh(vb.x) * n.x, gelu_tanh(vb.y) * n.y, gelu_tanh(vb.z) * n.z,
-                             gelu_tanh(vb.w) * n.w);
-        }
-    }
-}
-
 // Builds x (length cols, a multiple of 4) in shared memory. Loads are float4 and independent
 // across iterations so the prologue costs a few L2 round trips, not one per element. When
 // `scaled_store`, stores x[j] * 2^(-4 (j % 4)) for the int4 dequantization trick (see below).
@@ -215,8 +142,72 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
         for (int ja = j0 + g.tu(); ja < j1; ja += 2 * g.nu()) {
             const int jb = ja + g.nu();
             const bool two = jb < j1;
-            float4 va, vb;
-            step_inputs2(p, ja, jb, two, va, vb);
+            float4 va, vb = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (p.in_glu) {
+                const float4* q = (const float4*)p.in;
+                float4 a0 = q[2 * ja], a1 = q[2 * ja + 1], b0 = vb, b1 = vb;
+                if (two) {
+                    b0 = q[2 * jb];
+                    b1 = q[2 * jb + 1];
+                }
+                for (int s = 1; s < p.in_splits; s++) {
+                    const float4* r = (const float4*)(p.in + (size_t)s * p.in_ld);
+                    const float4 c0 = r[2 * ja], c1 = r[2 * ja + 1];
+                    a0.x += c0.x; a0.y += c0.y; a0.z += c0.z; a0.w += c0.w;
+                    a1.x += c1.x; a1.y += c1.y; a1.z += c1.z; a1.w += c1.w;
+                    if (two) {
+                        const float4 d0 = r[2 * jb], d1 = r[2 * jb + 1];
+                        b0.x += d0.x; b0.y += d0.y; b0.z += d0.z; b0.w += d0.w;
+                        b1.x += d1.x; b1.y += d1.y; b1.z += d1.z; b1.w += d1.w;
+                    }
+                }
+                va = make_float4(gelu_tanh(a0.x) * a0.y, gelu_tanh(a0.z) * a0.w, gelu_tanh(a1.x) * a1.y,
+                                 gelu_tanh(a1.z) * a1.w);
+                vb = make_float4(gelu_tanh(b0.x) * b0.y, gelu_tanh(b0.z) * b0.w, gelu_tanh(b1.x) * b1.y,
+                                 gelu_tanh(b1.z) * b1.w);
+            } else {
+                const float4* q = (const float4*)p.in;
+                va = q[ja];
+                if (two) vb = q[jb];
+                float4 ua[3], ub[3];
+#pragma unroll
+                for (int k = 0; k < 3; k++) ua[k] = ub[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int k = 0; k < 3; k++) {
+                    if (k + 1 < p.in_splits) {
+                        const float4* r = (const float4*)(p.in + (size_t)(k + 1) * p.in_ld);
+                        ua[k] = r[ja];
+                        if (two) ub[k] = r[jb];
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 3; k++) {
+                    if (k + 1 < p.in_splits) {
+                        va.x += ua[k].x; va.y += ua[k].y; va.z += ua[k].z; va.w += ua[k].w;
+                        vb.x += ub[k].x; vb.y += ub[k].y; vb.z += ub[k].z; vb.w += ub[k].w;
+                    }
+                }
+                // Splits past four (none in the shapes measured), one at a time, in order.
+                for (int s = 4; s < p.in_splits; s++) {
+                    const float4* r = (const float4*)(p.in + (size_t)s * p.in_ld);
+                    const float4 c = r[ja];
+                    va.x += c.x; va.y += c.y; va.z += c.z; va.w += c.w;
+                    if (two) {
+                        const float4 d = r[jb];
+                        vb.x += d.x; vb.y += d.y; vb.z += d.z; vb.w += d.w;
+                    }
+                }
+            }
+            if (p.act_mult) {
+                const float4 m = ((const float4*)p.act_mult)[ja];
+                va = make_float4(gelu_tanh(va.x) * m.x, gelu_tanh(va.y) * m.y, gelu_tanh(va.z) * m.z,
+                                 gelu_tanh(va.w) * m.w);
+                if (two) {
+                    const float4 n = ((const float4*)p.act_mult)[jb];
+                    vb = make_float4(gelu_tanh(vb.x) * n.x, gelu_tanh(vb.y) * n.y, gelu_tanh(vb.z) * n.z,
+                                     gelu_tanh(vb.w) * n.w);
+                }
+            }
             x4[ja] = va;
             ss_res += va.x * va.x + va.y * va.y + va.z * va.z + va.w * va.w;
             if (two) {

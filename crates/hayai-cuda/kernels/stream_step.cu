@@ -424,31 +424,31 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             } else
 #endif
             {
-            // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
-            int r = 0;
-            for (; r + 1 < q.rounds; r += 2) {  // two cells at a time (rounds r and r + 1, r full)
-                const int ga = r * q.kw + sl, gb = ga + q.kw;
-                if (gb >= gu) break;
-                const int cnt1 = min(q.kw, gu - (r + 1) * q.kw);
-                const unsigned p0 = pb + (unsigned)(r * q.np * q.kw + ti * q.kw + sl);
-                const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
-                R.release_to(p0);
-                R.land(p1 / SS_CH);
-                ss_cell(R.cell(p0), lane < 4 ? xf + (gofs + ga) * 16 + lane : sm.xzero, sm.xs8[gofs + ga],
-                        sm.xsc[gofs + ga], lane, acc_a, acc_b);
-                ss_cell(R.cell(p1), lane < 4 ? xf + (gofs + gb) * 16 + lane : sm.xzero, sm.xs8[gofs + gb],
-                        sm.xsc[gofs + gb], lane, acc_a, acc_b);
-            }
-            for (; r < q.rounds; r++) {
-                const int grp = r * q.kw + sl;
-                if (grp >= gu) break;
-                const int cnt = min(q.kw, gu - r * q.kw);
-                const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
-                R.release_to(pos);
-                R.land(pos / SS_CH);
-                ss_cell(R.cell(pos), lane < 4 ? xf + (gofs + grp) * 16 + lane : sm.xzero, sm.xs8[gofs + grp],
-                        sm.xsc[gofs + grp], lane, acc_a, acc_b);
-            }
+                // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
+                int r = 0;
+                for (; r + 1 < q.rounds; r += 2) {  // two cells at a time (rounds r and r + 1, r full)
+                    const int ga = r * q.kw + sl, gb = ga + q.kw;
+                    if (gb >= gu) break;
+                    const int cnt1 = min(q.kw, gu - (r + 1) * q.kw);
+                    const unsigned p0 = pb + (unsigned)(r * q.np * q.kw + ti * q.kw + sl);
+                    const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
+                    R.release_to(p0);
+                    R.land(p1 / SS_CH);
+                    ss_cell(R.cell(p0), lane < 4 ? xf + (gofs + ga) * 16 + lane : sm.xzero, sm.xs8[gofs + ga],
+                            sm.xsc[gofs + ga], lane, acc_a, acc_b);
+                    ss_cell(R.cell(p1), lane < 4 ? xf + (gofs + gb) * 16 + lane : sm.xzero, sm.xs8[gofs + gb],
+                            sm.xsc[gofs + gb], lane, acc_a, acc_b);
+                }
+                for (; r < q.rounds; r++) {
+                    const int grp = r * q.kw + sl;
+                    if (grp >= gu) break;
+                    const int cnt = min(q.kw, gu - r * q.kw);
+                    const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
+                    R.release_to(pos);
+                    R.land(pos / SS_CH);
+                    ss_cell(R.cell(pos), lane < 4 ? xf + (gofs + grp) * 16 + lane : sm.xzero, sm.xs8[gofs + grp],
+                            sm.xsc[gofs + grp], lane, acc_a, acc_b);
+                }
             }
             if ((lane & 3) == 0) {
                 sm.red[pc & 1][warp][lane >> 2] = acc_a;
