@@ -7,26 +7,17 @@
 #      target/release/examples/gpu_check, .m0/part .. .m4/part (the real 270M GGUF in 51 MB parts).
 # There:  carry .m0 .. .m3 one per call (each call must come within the machine's idle window so
 #         earlier parts survive), then carry .m4 with .gpu/hayai.gz .gpu/gpu-tests.gz .gpu/model.md5
-#         (64 MiB per call) for `run real demo ppl`; without the model, carry .gpu and
-#         target/release/examples/gpu_check and run
+#         (64 MiB per call) for `run real demo ppl`; without the model, carry .gpz (the check
+#         binaries compressed; `run` unpacks them) and run
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         (ppl: the batched prefill's bf16 and int4, then scored one decode step per token: int4
 #         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step; ~6 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
-#         pending-next: parity of an attention whose layout is worked out before its wait
-#         (SSA_LAYOUT_PRE=1) and of its q/k/v inputs specialized by head dim (SSA_INPUTS_NP=1),
-#         ~3 min; pending-next2: A/B/A/B of each against the default (~8 min), then the timeline
-#         of both together; carry target/release/examples/gpu_check, .gpu/gpu_check_layout,
-#         .gpu/gpu_check_inputs and .gpu/gpu_check_layouttl;
-#         pending-skip: A/B/A/B of the default against a timing-only build whose PLE projection
-#         is skipped (SS_SKIP_PLEPROJ=1: wrong outputs; the bound on folding the projection into
-#         the gate's operation), ~4 min; carry target/release/examples/gpu_check and
-#         .gpu/gpu_check_skip;
-#         pending-lean: parity and A/B/A/B of the one-unit-a-warp cell loop stepped instead of
-#         worked out per cell (SS_KW1_LEAN=1), ~6 min; carry target/release/examples/gpu_check and
-#         .gpu/gpu_check_lean;
+#         rotate: `gpu_check bench-stream` of the default and of the builds in ROTATE (paths, e.g.
+#         .gpu/gpu_check_old from .gpz/gpu_check_old.gz) alternated, ROUNDS rounds (2), no run
+#         begun after ROTATE_BUDGET s (~50 s a run);
 #         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
 #         split into 2-32 words, reduction links by integer atomics and bulk reductions; ~1 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
@@ -57,16 +48,6 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stages pending-next, pending-next2): an attention whose layout is worked out
-  # before its wait, and its timeline.
-  CARGO_TARGET_DIR=target/layout HAYAI_CUDA_DEFINES=-DSSA_LAYOUT_PRE=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/inputs HAYAI_CUDA_DEFINES=-DSSA_INPUTS_NP=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/layouttl HAYAI_CUDA_DEFINES="-DSSA_LAYOUT_PRE=1 -DSSA_INPUTS_NP=1 -DSS_TIMELINE=1" \
-    cargo build --release -p hayai-cuda --example gpu_check
-  # Timing only (wrong outputs; stage pending-skip): the PLE projection skipped.
-  CARGO_TARGET_DIR=target/skip HAYAI_CUDA_DEFINES=-DSS_SKIP_PLEPROJ=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured (stage pending-lean): the one-unit-a-warp cell loop by steps.
-  CARGO_TARGET_DIR=target/lean HAYAI_CUDA_DEFINES=-DSS_KW1_LEAN=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -74,16 +55,14 @@ prepare() {
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
   cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  cp target/layout/release/examples/gpu_check .gpu/gpu_check_layout
-  cp target/inputs/release/examples/gpu_check .gpu/gpu_check_inputs
-  cp target/layouttl/release/examples/gpu_check .gpu/gpu_check_layouttl
-  cp target/skip/release/examples/gpu_check .gpu/gpu_check_skip
-  cp target/lean/release/examples/gpu_check .gpu/gpu_check_lean
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl .gpu/gpu_check_layout .gpu/gpu_check_layouttl \
-    .gpu/gpu_check_skip .gpu/gpu_check_lean .gpu/gpu_check_inputs \
-    target/release/examples/gpu_check 2>/dev/null || true
-  # Compressed copies: the last model part fits beside the binaries in one carry only so.
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl target/release/examples/gpu_check 2>/dev/null || true
+  # Compressed copies: the last model part fits beside the binaries in one carry only so, and the
+  # check binaries (~12 MB each) travel as .gpz/*.gz (carry .gpz; `run` unpacks them).
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
+  mkdir -p .gpz
+  gzip -6 -c target/release/examples/gpu_check > .gpz/gpu_check.gz
+  local b
+  for b in ptx tl; do gzip -6 -c ".gpu/gpu_check_$b" > ".gpz/gpu_check_$b.gz"; done
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
   local model
   model=$(target/release/hayai fetch-model | tail -1)
@@ -103,20 +82,22 @@ run() {
   for b in hayai gpu-tests; do
     [ -x ".gpu/$b" ] || [ ! -f ".gpu/$b.gz" ] || { gunzip -c ".gpu/$b.gz" > ".gpu/$b" && chmod +x ".gpu/$b"; }
   done
+  # Check binaries carried compressed (.gpz, from prepare): gpu_check to its build path, the
+  # others (measurement builds, e.g. gpu_check_old) into .gpu.
+  local z
+  for z in .gpz/*.gz; do
+    [ -f "$z" ] || continue
+    b=$(basename "$z" .gz)
+    local d=".gpu/$b"
+    [ "$b" = gpu_check ] && { mkdir -p target/release/examples; d=target/release/examples/gpu_check; }
+    mkdir -p .gpu && gunzip -c "$z" > "$d" && chmod +x "$d"
+  done
   local want=("$@")
   [ ${#want[@]} -eq 0 ] && want=(checks tc fuse single prefill real bench demo ppl)
   has() { local w; for w in "${want[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
   stage() { echo "== $1 ($(date -u +%T))" | tee -a "$out/session.log"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$out/session.log"
   local C=target/release/examples/gpu_check
-  # A measurement build against the default, alternated A/B/A/B (`gpu_check bench-stream`).
-  ab_stream() {
-    local c
-    for c in "$C" "$1" "$C" "$1"; do
-      echo "-- $c" | tee -a "$out/session.log"
-      timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:|^  (gemv|attention)" | tee -a "$out/session.log"
-    done
-  }
   if has pending; then
     # The streamed-step prototype's defaults re-measured (docs/performance.md, "The streamed step,
     # tenth session"): the W4A8 chain on the 11-chunk ring (full chain, stream only, cells only),
@@ -164,36 +145,19 @@ run() {
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
     done
   fi
-  if has pending-next; then
-    # Parity of an attention whose layout is worked out before its wait (SSA_LAYOUT_PRE=1) and of
-    # its q/k/v inputs specialized by head dim (SSA_INPUTS_NP=1): the same values, so the
-    # default's figures. Carry target/release/examples/gpu_check, .gpu/gpu_check_layout,
-    # .gpu/gpu_check_inputs and .gpu/gpu_check_layouttl.
-    stage "streamed step: SSA_LAYOUT_PRE=1, SSA_INPUTS_NP=1: parity"
-    local c
-    for c in layout inputs; do
-      timeout 150 ".gpu/gpu_check_$c" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/$c /" | tee -a "$out/session.log"
+  if has rotate; then
+    # Several measurement builds against the default in one rotation (ROTATE="bin ...", ROUNDS
+    # rounds, default 2): D A B C ... D A B C ..., every build's runs spread over the call.
+    stage "streamed step: rotation of the default and ${ROTATE:-}"
+    local r c t0=$SECONDS
+    for ((r = 0; r < ${ROUNDS:-2}; r++)); do
+      for c in "$C" ${ROTATE:-}; do
+        # ROTATE_BUDGET: no run begins after that many seconds of the stage (a call's limit).
+        [ "$SECONDS" -lt "$((t0 + ${ROTATE_BUDGET:-100000}))" ] || break 2
+        echo "-- $c" | tee -a "$out/session.log"
+        timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+      done
     done
-  fi
-  if has pending-next2; then
-    stage "streamed step: SSA_LAYOUT_PRE=1, SSA_INPUTS_NP=1: A/B/A/B each, then both's timeline"
-    ab_stream .gpu/gpu_check_layout
-    ab_stream .gpu/gpu_check_inputs
-    HAYAI_STREAM_TIMELINE="$out/tl-layout.bin" timeout 120 .gpu/gpu_check_layouttl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
-    python3 scripts/stream_timeline.py "$out/tl-layout.bin" 2>&1 | tee -a "$out/session.log"
-  fi
-  if has pending-skip; then
-    # Timing only: the PLE projection skipped (SS_SKIP_PLEPROJ=1, wrong outputs), against the
-    # default, alternated. The difference bounds what one boundary fewer a layer there can save.
-    stage "streamed step: SS_SKIP_PLEPROJ=1 (timing only): A/B/A/B"
-    ab_stream .gpu/gpu_check_skip
-  fi
-  if has pending-lean; then
-    # The one-unit-a-warp cell loop by steps (SS_KW1_LEAN=1): the same cells in the same order,
-    # so the default's parity figures; then A/B/A/B against the default.
-    stage "streamed step: SS_KW1_LEAN=1: parity, A/B/A/B"
-    timeout 150 .gpu/gpu_check_lean stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | sed "s/^/lean /" | tee -a "$out/session.log"
-    ab_stream .gpu/gpu_check_lean
   fi
   if has link; then
     # What one hand-over costs (proto/link_rate.cu; ninth session: 2.06 us with one counter at
@@ -280,5 +244,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [pending-next] [pending-next2] [pending-skip] [pending-lean] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [rotate] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

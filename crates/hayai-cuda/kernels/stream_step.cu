@@ -47,41 +47,6 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
-// SSA_LAYOUT_PRE=1 (a measurement build, -DSSA_LAYOUT_PRE=1; not yet run, off): an attention's
-// split of the keys and shared-memory layout (ssa_layout: five dependent integer divisions)
-// worked out before the wait by ssa_prestage and kept in shared memory, so after the wait ssa_op
-// only reads it. The timeline: an item SM takes 0.74 us (median) from its start to its first
-// item's q/k/v loads, before the 0.54 of their round trip.
-#ifndef SSA_LAYOUT_PRE
-#define SSA_LAYOUT_PRE 0
-#endif
-// SS_KW1_LEAN=1 (a measurement build, -DSS_KW1_LEAN=1; not yet run, off): a consumer warp's cell
-// loop where it has one unit of its own (kw = 1: gate/up's and down's passes, 200 and 100 cells an
-// SM) steps its ring slot, input group and scales from cell to cell instead of working out each
-// cell's position, slot (a division by the ring's chunks) and addresses again: the loop is ~158
-// instructions a pair of cells, ~80 of them the cells', and three warps share a scheduler, so
-// the cells (~250 ns each in the step against ~150 in the prototype's resident ones) may be
-// bound by instructions issued.
-#ifndef SS_KW1_LEAN
-#define SS_KW1_LEAN 0
-#endif
-// SSA_INPUTS_NP=1 (a measurement build, -DSSA_INPUTS_NP=1; not yet run, off): an attention item's
-// q/k/v vectors (ssa_inputs) built by code specialized for head dims 256 and 512, every per-pair
-// guard (m < np, np known only at run time) gone. The timeline: 0.70 us (median) from thread 0's
-// q/k/v partials landed to its vector done: ~390 SASS instructions in that stretch (guarded
-// pairs, branches) for a few dozen of arithmetic.
-#ifndef SSA_INPUTS_NP
-#define SSA_INPUTS_NP 0
-#endif
-// SS_SKIP_PLEPROJ=1 (a timing build, -DSS_SKIP_PLEPROJ=1; WRONG OUTPUTS, never for anything but
-// its step time; not yet run, off): every SM publishes the PLE projection (the GEMV with
-// `act_mult`) without waiting for the gate or multiplying, its cells released unread, so the
-// next QKV waits for the gate directly. The step time it gives bounds from above what folding
-// the projection into the gate's operation can save (docs/streamed-step.md, "Next structural
-// step").
-#ifndef SS_SKIP_PLEPROJ
-#define SS_SKIP_PLEPROJ 0
-#endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -391,11 +356,12 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             int u_slice, u_tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
             const int gofs = u_slice * gu;  // the unit's first group
-#if SS_KW1_LEAN
             if (q.kw == 1) {
                 // One unit a warp (gate/up's and down's passes): its cells are np apart in the
                 // stream, round after round, so the ring slot (the position modulo the ring's
-                // cells) and the input group advance by steps instead of being worked out again.
+                // cells) and the input group advance by steps instead of being worked out again
+                // per cell (137 SASS instructions a pair of cells against 158; +0.9% a step,
+                // docs/performance.md, nineteenth session).
                 constexpr unsigned RC = (unsigned)(NCH * SS_CH);
                 const unsigned np = (unsigned)q.np;
                 unsigned pos = pb + (unsigned)ti, slot = pos % RC;
@@ -421,9 +387,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     R.land(pos / SS_CH);
                     ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
                 }
-            } else
-#endif
-            {
+            } else {
                 // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
                 int r = 0;
                 for (; r + 1 < q.rounds; r += 2) {  // two cells at a time (rounds r and r + 1, r full)
@@ -588,10 +552,12 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
-__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, SsaLayout* keep) {
+__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, SsaLayout& keep) {
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
-    // (SSA_LAYOUT_PRE: for ssa_op after the wait; the operation's barrier publishes it.)
-    if (keep && threadIdx.x == 0) *keep = L;
+    // Kept for ssa_op after the wait (the operation's barrier publishes it): worked out again
+    // there, its five dependent divisions were most of an item SM's 0.74 us before its first
+    // loads (kept: +1.0% a step, docs/performance.md, nineteenth session).
+    if (threadIdx.x == 0) keep = L;
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
     // The norm weights as a cp.async group of their own, before the tile's (the operation's
@@ -615,7 +581,8 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
 // (i, i + hd/2) it rotates, every load of a partial issued together with the weights'.
 #define SSA_MAXP 8  // pairs per lane: head dim <= 512
 // (qw, kw: the norm weights, in shared memory or global.) NP: the pairs per lane when known at
-// compile time (SSA_INPUTS_NP builds: head dims 256 and 512), 0 for any.
+// compile time (head dims 256 and 512: no per-pair guard, +1.7% a step against the run-time
+// count's ~390 SASS instructions a vector, docs/performance.md, nineteenth session), 0 for any.
 template <int NP = 0>
 __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool fresh, const float* qw,
                            const float* kw, unsigned long long* tl) {
@@ -710,13 +677,11 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
         const float* qw = a.q_norm && wsm ? L.o : a.q_norm;
         const float* kw = a.k_norm && wsm ? L.o + hd : a.k_norm;
         unsigned long long* itl = staged ? tl : nullptr;
-#if SSA_INPUTS_NP
         if (hd == 256)
             ssa_inputs<4>(a, L, g, fresh, qw, kw, itl);
         else if (hd == 512)
             ssa_inputs<8>(a, L, g, fresh, qw, kw, itl);
         else
-#endif
             ssa_inputs(a, L, g, fresh, qw, kw, itl);
     }
     if (staged) ss_tl_at(tl, 2);
@@ -901,11 +866,11 @@ __device__ void ssa_merge(const AttnParams& a, int hd, int S, int o0, int o1, fl
 // The whole operation on this SM (the first item's first tile requested by ssa_prestage).
 // Profiling stamps (SM 0): 6 its first tile's inputs ready, 2 its scores and softmax done, 1 its
 // items done, 7 every SM's.
-__device__ void ssa_op(const AttnParams& a, float* xs, int avail, int tk_max, int pos, unsigned* adone,
-                       unsigned target, unsigned long long* stamps, unsigned long long* tl, const SsaLayout* kept) {
+__device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, unsigned* adone, unsigned target,
+                       unsigned long long* stamps, unsigned long long* tl) {
     const int tid = threadIdx.x;
     const ConsumerThreads ct;
-    const SsaLayout L = kept ? *kept : ssa_layout(a, xs, avail, tk_max, pos);
+    const SsaLayout L = kept;
     const int items = a.nkv * L.S;
     for (int it = blockIdx.x; it < items; it += gridDim.x)
         ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl);
@@ -936,12 +901,7 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ volatile int hold;
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
-#if SSA_LAYOUT_PRE
-    __shared__ SsaLayout lay_s;  // the attention's layout, worked out before its wait
-    SsaLayout* const lay = &lay_s;
-#else
-    SsaLayout* const lay = nullptr;
-#endif
+    __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -1011,8 +971,7 @@ __device__ void stream_body(const StreamParams& P) {
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
-        const bool skip = SS_SKIP_PLEPROJ && op.kind == STEP_GEMV && op.g.act_mult;
-        if (k > 0 && tid == 0 && !skip) {
+        if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
         }
@@ -1025,13 +984,10 @@ __device__ void stream_body(const StreamParams& P) {
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
-        if (kind == STEP_GEMV && skip) {
-            const SmShare& sh = share_stage[k & 1];
-            R.release_to(sh.first_cell + sh.units * (unsigned)((op.g.cols >> 7) / op.g.splits));
-        } else if (kind == STEP_GEMV) {
+        if (kind == STEP_GEMV) {
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
-            ssa_op(op.a, xs, avail, P.attn_tk, pos_s, P.done + P.n_ops + k, target, stamps, tl, lay);
+            ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
