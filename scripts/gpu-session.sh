@@ -48,6 +48,11 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
+  # Timing-only probes (wrong outputs; `run rotate` with ROTATE=".gpu/gpu_check_probe1
+  # .gpu/gpu_check_probe2"): every GEMV reading one input partial vector, the attention's
+  # ranges barrier skipped.
+  CARGO_TARGET_DIR=target/probe1 HAYAI_CUDA_DEFINES=-DSS_PROBE_SPLIT1=1 cargo build --release -p hayai-cuda --example gpu_check
+  CARGO_TARGET_DIR=target/probe2 HAYAI_CUDA_DEFINES=-DSSA_PROBE_NOBAR=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -63,6 +68,10 @@ prepare() {
   gzip -6 -c target/release/examples/gpu_check > .gpz/gpu_check.gz
   local b
   for b in ptx tl; do gzip -6 -c ".gpu/gpu_check_$b" > ".gpz/gpu_check_$b.gz"; done
+  for b in probe1 probe2; do
+    cp "target/$b/release/examples/gpu_check" "/tmp/gpu_check_$b" && strip "/tmp/gpu_check_$b" 2>/dev/null || true
+    gzip -6 -c "/tmp/gpu_check_$b" > ".gpz/gpu_check_$b.gz"
+  done
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
   local model
   model=$(target/release/hayai fetch-model | tail -1)

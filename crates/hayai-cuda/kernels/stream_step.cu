@@ -47,6 +47,17 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
+// Timing-only probes (WRONG OUTPUTS, never for anything but a step time; off): SS_PROBE_SPLIT1=1,
+// every GEMV's prologue reads only the first of its input's K-split partial vectors (what the
+// partials' volume costs: up to 40 KB an SM after each wait); SSA_PROBE_NOBAR=1, the
+// attention's ranges barrier skipped, every SM merging whatever partials are there (the most a
+// merge without that second grid-wide wait could save).
+#ifndef SS_PROBE_SPLIT1
+#define SS_PROBE_SPLIT1 0
+#endif
+#ifndef SSA_PROBE_NOBAR
+#define SSA_PROBE_NOBAR 0
+#endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -331,8 +342,15 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
+#if SS_PROBE_SPLIT1
+    GemvParams g1p = g;
+    g1p.in_splits = 1;
+    gemv_prologue<true, 0, ConsumerThreads>(g1p, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
+                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+#else
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+#endif
     ss_tl_at(tl, 6);
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
@@ -878,7 +896,7 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     ss_tl_at(tl, 5);
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
     ct.sync();
-    if (tid == 0) {
+    if (tid == 0 && !SSA_PROBE_NOBAR) {
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(adone) : "memory");
         while ((int)(ss_ld_acquire_gpu(adone) - target) < 0) __nanosleep(20);
     }
