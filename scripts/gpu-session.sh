@@ -53,6 +53,9 @@ prepare() {
   # ranges barrier skipped.
   CARGO_TARGET_DIR=target/probe1 HAYAI_CUDA_DEFINES=-DSS_PROBE_SPLIT1=1 cargo build --release -p hayai-cuda --example gpu_check
   CARGO_TARGET_DIR=target/probe2 HAYAI_CUDA_DEFINES=-DSSA_PROBE_NOBAR=1 cargo build --release -p hayai-cuda --example gpu_check
+  # Not yet measured: the cells' integer dot products by dp4a instead of mma (SS_CELL_DP4A; the
+  # same outputs): parity with `.gpu/gpu_check_dp4a stream`, speed in `run rotate`.
+  CARGO_TARGET_DIR=target/dp4a HAYAI_CUDA_DEFINES=-DSS_CELL_DP4A=1 cargo build --release -p hayai-cuda --example gpu_check
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -68,7 +71,7 @@ prepare() {
   gzip -6 -c target/release/examples/gpu_check > .gpz/gpu_check.gz
   local b
   for b in ptx tl; do gzip -6 -c ".gpu/gpu_check_$b" > ".gpz/gpu_check_$b.gz"; done
-  for b in probe1 probe2; do
+  for b in probe1 probe2 dp4a; do
     cp "target/$b/release/examples/gpu_check" "/tmp/gpu_check_$b" && strip "/tmp/gpu_check_$b" 2>/dev/null || true
     gzip -6 -c "/tmp/gpu_check_$b" > ".gpz/gpu_check_$b.gz"
   done

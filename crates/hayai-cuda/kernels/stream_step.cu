@@ -47,6 +47,15 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
+// SS_CELL_DP4A=1 (a measurement build, -DSS_CELL_DP4A=1; not yet run, off): a cell's integer
+// dot products by `dp4a` on the integer pipe instead of four `mma` m16n8k32 of which one of the
+// 8 columns is used. The same integers (exact sums), so the same outputs. The prototype measured
+// the `mma.sync` pipe at ~110 cycles a cell a scheduler whatever the warp count; 16 `dp4a`, 8
+// masks and 4 shuffles a lane are ~50 issue cycles a cell. gate/up's cells on the critical SM
+// take ~4.2 us a layer, down's ~2.5.
+#ifndef SS_CELL_DP4A
+#define SS_CELL_DP4A 0
+#endif
 // Timing-only probes (WRONG OUTPUTS, never for anything but a step time; off): SS_PROBE_SPLIT1=1,
 // every GEMV's prologue reads only the first of its input's K-split partial vectors (what the
 // partials' volume costs: up to 40 KB an SM after each wait); SSA_PROBE_NOBAR=1, the
@@ -238,6 +247,13 @@ struct SsRing {
     }
 };
 
+// a (4 unsigned bytes) . b (4 signed bytes) + c.
+__device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // One cell on the integer tensor cores: this warp's 16 rows times the group's int8 x. Lane
 // (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8 (high nibble) at columns
 // 32 t + 4 c + i and 32 t + 16 + 4 c + i (stream_layout.rs `encode_cell`); the high nibbles stay
@@ -251,6 +267,26 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     const uint16_t* sc = (const uint16_t*)(cp + 64);
     const int g = lane >> 2;
     const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+#if SS_CELL_DP4A
+    // Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
+    // xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the
+    // whole words' dot (dw) less da is 16 times row g + 8's, one mask a word. Then the quad's
+    // four partial sums are added (integers: the same sums as the mma's in any order).
+    int da = 0, dw = 0;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint2 bv = xb[t * 4];
+        da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, bv.x, da);
+        dw = dp4a_u8s8(ws[2 * t], bv.x, dw);
+        da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, bv.y, da);
+        dw = dp4a_u8s8(ws[2 * t + 1], bv.y, dw);
+    }
+    da += __shfl_xor_sync(HAYAI_FULL_MASK, da, 1);
+    dw += __shfl_xor_sync(HAYAI_FULL_MASK, dw, 1);
+    da += __shfl_xor_sync(HAYAI_FULL_MASK, da, 2);
+    dw += __shfl_xor_sync(HAYAI_FULL_MASK, dw, 2);
+    const float fa = (float)(da - 8 * xs8), fb = (float)(((dw - da) >> 4) - 8 * xs8);
+#else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
     for (int t = 0; t < 4; t++) {
@@ -262,6 +298,7 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     }
     // As gemv_a8 and gemv_mma_a8: (integer dot - 8 x sum) times (weight scale * x scale).
     const float fa = (float)(d[0][0] + d[1][0] - 8 * xs8), fb = (float)(((d[0][2] + d[1][2]) >> 4) - 8 * xs8);
+#endif
     acc_a = fmaf(fa, sa * xsc, acc_a);
     acc_b = fmaf(fb, sb * xsc, acc_b);
 }
@@ -295,6 +332,15 @@ struct SsShared {
     float xsc[SS_MAXG];       // per input group: x scale max|x| / 127
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
 };
+
+// Where a lane reads input group grp's B entries for ss_cell (in ss_gemv: xf, sm, lane): the mma
+// takes x from lanes 0-3 (B's column 0) and zeros elsewhere; the dp4a cell (SS_CELL_DP4A) every
+// lane's quad's words.
+#if SS_CELL_DP4A
+#define SS_XB(grp) (xf + (grp) * 16 + (lane & 3))
+#else
+#define SS_XB(grp) (lane < 4 ? xf + (grp) * 16 + lane : sm.xzero)
+#endif
 
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
 // the groups this SM multiplies, then its units' cells from the ring, the rows of each pass stored
@@ -383,8 +429,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 constexpr unsigned RC = (unsigned)(NCH * SS_CH);
                 const unsigned np = (unsigned)q.np;
                 unsigned pos = pb + (unsigned)ti, slot = pos % RC;
-                const uint2* xb = lane < 4 ? xf + gofs * 16 + lane : sm.xzero;
-                const int xstep = lane < 4 ? 16 : 0;
+                const uint2* xb = SS_XB(gofs);
+                const int xstep = SS_CELL_DP4A || lane < 4 ? 16 : 0;
                 const int* x8 = sm.xs8 + gofs;
                 const float* xc = sm.xsc + gofs;
                 int r = 0;
@@ -416,9 +462,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
                     R.release_to(p0);
                     R.land(p1 / SS_CH);
-                    ss_cell(R.cell(p0), lane < 4 ? xf + (gofs + ga) * 16 + lane : sm.xzero, sm.xs8[gofs + ga],
+                    ss_cell(R.cell(p0), SS_XB(gofs + ga), sm.xs8[gofs + ga],
                             sm.xsc[gofs + ga], lane, acc_a, acc_b);
-                    ss_cell(R.cell(p1), lane < 4 ? xf + (gofs + gb) * 16 + lane : sm.xzero, sm.xs8[gofs + gb],
+                    ss_cell(R.cell(p1), SS_XB(gofs + gb), sm.xs8[gofs + gb],
                             sm.xsc[gofs + gb], lane, acc_a, acc_b);
                 }
                 for (; r < q.rounds; r++) {
@@ -428,7 +474,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cell(pos), lane < 4 ? xf + (gofs + grp) * 16 + lane : sm.xzero, sm.xs8[gofs + grp],
+                    ss_cell(R.cell(pos), SS_XB(gofs + grp), sm.xs8[gofs + grp],
                             sm.xsc[gofs + grp], lane, acc_a, acc_b);
                 }
             }

@@ -547,6 +547,71 @@ mod tests {
         }
     }
 
+    /// The dp4a form of a cell (kernels/stream_step.cu `ss_cell`, SS_CELL_DP4A builds): lane
+    /// (g, c) dots the words of its fragment against the int8 input words it reads from the
+    /// quantized group's B-fragment layout (`ss_store_group`), low nibbles alone and whole bytes
+    /// (low + 16 high), then the quad's sums are added. Both rows' integer dots must be exact.
+    #[test]
+    fn dp4a_cell_lanes_give_the_exact_integer_dots() {
+        let m = quantize_int4(&matrix(16, 256, 5));
+        let mut h = 0x2545_F491_4F6C_DD1Du64;
+        for group in 0..2 {
+            let mut cell = vec![0u8; CellFormat::Int4.bytes()];
+            encode_cell(&Weights::Int4(&m), 0, group, &mut cell);
+            let x: Vec<i8> = (0..GROUP)
+                .map(|_| {
+                    h ^= h << 13;
+                    h ^= h >> 7;
+                    h ^= h << 17;
+                    (h % 255) as i8 // -127 ..= 127 after the wrap
+                })
+                .map(|v| if v == i8::MIN { 0 } else { v })
+                .collect();
+            // Quantization lane l's four values (columns 4l ..) as the kernel stores them.
+            let mut xf = [0u32; 64];
+            for l in 0..32 {
+                let w = (0..4).fold(0u32, |w, i| w | (x[4 * l + i] as u8 as u32) << (8 * i));
+                xf[((l >> 3) * 4 + (l & 3)) * 2 + ((l >> 2) & 1)] = w;
+            }
+            let dp4a = |a: u32, b: u32, c: i32| {
+                (0..4).fold(c, |s, i| {
+                    s + ((a >> (8 * i)) & 255) as i32 * ((b >> (8 * i)) as u8 as i8) as i32
+                })
+            };
+            let word = |lane: usize, j: usize| {
+                let o = ((j / 4) * 32 + lane) * 16 + (j % 4) * 4;
+                u32::from_le_bytes(cell[o..o + 4].try_into().unwrap())
+            };
+            let (mut da, mut dw) = ([0i32; 32], [0i32; 32]);
+            for lane in 0..32 {
+                let c = lane & 3;
+                for t in 0..4 {
+                    let (bx, by) = (xf[(t * 4 + c) * 2], xf[(t * 4 + c) * 2 + 1]);
+                    let (w0, w1) = (word(lane, 2 * t), word(lane, 2 * t + 1));
+                    da[lane] = dp4a(w1 & 0x0F0F_0F0F, by, dp4a(w0 & 0x0F0F_0F0F, bx, da[lane]));
+                    dw[lane] = dp4a(w1, by, dp4a(w0, bx, dw[lane]));
+                }
+            }
+            let xs8: i32 = x.iter().map(|&v| v as i32).sum();
+            for g in 0..8 {
+                let a: i32 = (0..4).map(|c| da[4 * g + c]).sum();
+                let w: i32 = (0..4).map(|c| dw[4 * g + c]).sum();
+                let dot = |r: usize| -> i32 {
+                    (0..GROUP)
+                        .map(|k| m.q(r, group * GROUP + k) as i32 * x[k] as i32)
+                        .sum()
+                };
+                assert_eq!(a - 8 * xs8, dot(g), "group {group} row {g}");
+                assert_eq!(
+                    ((w - a) >> 4) - 8 * xs8,
+                    dot(g + 8),
+                    "group {group} row {}",
+                    g + 8
+                );
+            }
+        }
+    }
+
     #[test]
     fn bf16_streams_walk_back_to_the_plain_gemv() {
         let mats: Vec<(usize, usize, Vec<u16>)> = SHAPES
