@@ -15,6 +15,7 @@
 #         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step; ~6 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
+#         vparity: `gpu_check stream` (parity) of the measurement builds named in PARITY (.gpu/gpu_check_NAME);
 #         rotate: `gpu_check bench-stream` of the default and of the builds in ROTATE (paths, e.g.
 #         .gpu/gpu_check_old from .gpz/gpu_check_old.gz) alternated, ROUNDS rounds (2), no run
 #         begun after ROTATE_BUDGET s (~50 s a run);
@@ -48,14 +49,21 @@ prepare() {
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Timing-only probes (wrong outputs; `run rotate` with ROTATE=".gpu/gpu_check_probe1
-  # .gpu/gpu_check_probe2"): every GEMV reading one input partial vector, the attention's
-  # ranges barrier skipped.
-  CARGO_TARGET_DIR=target/probe1 HAYAI_CUDA_DEFINES=-DSS_PROBE_SPLIT1=1 cargo build --release -p hayai-cuda --example gpu_check
-  CARGO_TARGET_DIR=target/probe2 HAYAI_CUDA_DEFINES=-DSSA_PROBE_NOBAR=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Not yet measured: the cells' integer dot products by dp4a instead of mma (SS_CELL_DP4A; the
-  # same outputs): parity with `.gpu/gpu_check_dp4a stream`, speed in `run rotate`.
-  CARGO_TARGET_DIR=target/dp4a HAYAI_CUDA_DEFINES=-DSS_CELL_DP4A=1 cargo build --release -p hayai-cuda --example gpu_check
+  # Measurement builds, one after another in one target directory (only the kernels rebuild),
+  # each kept as .gpz/gpu_check_NAME.gz (`run` unpacks it to .gpu/gpu_check_NAME): not yet
+  # measured, the cells' integer dots by dp4a (SS_CELL_DP4A), every pass's cell loop by steps
+  # (SS_LEAN_ALL) and both (the same outputs as the default: parity with `.gpu/gpu_check_NAME
+  # stream`, speed with `run rotate`); timing-only probes (wrong outputs): every GEMV reading one
+  # input partial vector (probe1), the attention's ranges barrier skipped (probe2).
+  mkdir -p .gpz
+  local v
+  for v in "dp4a=-DSS_CELL_DP4A=1" "leanall=-DSS_LEAN_ALL=1" "dp4alean=-DSS_CELL_DP4A=1 -DSS_LEAN_ALL=1" \
+    "probe1=-DSS_PROBE_SPLIT1=1" "probe2=-DSSA_PROBE_NOBAR=1"; do
+    CARGO_TARGET_DIR=target/var HAYAI_CUDA_DEFINES="${v#*=}" cargo build --release -p hayai-cuda --example gpu_check
+    cp target/var/release/examples/gpu_check "/tmp/gpu_check_${v%%=*}"
+    strip "/tmp/gpu_check_${v%%=*}" 2>/dev/null || true
+    gzip -6 -c "/tmp/gpu_check_${v%%=*}" > ".gpz/gpu_check_${v%%=*}.gz"
+  done
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -67,14 +75,9 @@ prepare() {
   # Compressed copies: the last model part fits beside the binaries in one carry only so, and the
   # check binaries (~12 MB each) travel as .gpz/*.gz (carry .gpz; `run` unpacks them).
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
-  mkdir -p .gpz
   gzip -6 -c target/release/examples/gpu_check > .gpz/gpu_check.gz
   local b
   for b in ptx tl; do gzip -6 -c ".gpu/gpu_check_$b" > ".gpz/gpu_check_$b.gz"; done
-  for b in probe1 probe2 dp4a; do
-    cp "target/$b/release/examples/gpu_check" "/tmp/gpu_check_$b" && strip "/tmp/gpu_check_$b" 2>/dev/null || true
-    gzip -6 -c "/tmp/gpu_check_$b" > ".gpz/gpu_check_$b.gz"
-  done
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
   local model
   model=$(target/release/hayai fetch-model | tail -1)
@@ -155,6 +158,16 @@ run() {
     local b
     for b in bench-stream bench bench-stream; do
       timeout 120 "$C" "$b" 2>&1 | grep -E "decode:|^  " | tee -a "$out/session.log"
+    done
+  fi
+  if has vparity; then
+    # The streamed step's parity of measurement builds (PARITY="NAME ...": .gpu/gpu_check_NAME,
+    # unpacked from .gpz), ~90 s each.
+    stage "streamed step parity: ${PARITY:-}"
+    local v
+    for v in ${PARITY:-}; do
+      timeout 150 ".gpu/gpu_check_$v" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | cut -c1-220 | sed "s/^/$v /" |
+        tee -a "$out/session.log"
     done
   fi
   if has rotate; then
@@ -256,5 +269,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [rotate] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [vparity] [rotate] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac

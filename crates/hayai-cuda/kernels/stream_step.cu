@@ -56,6 +56,12 @@
 #ifndef SS_CELL_DP4A
 #define SS_CELL_DP4A 0
 #endif
+// SS_LEAN_ALL=1 (a measurement build, -DSS_LEAN_ALL=1; not yet run, off): every pass's cell loop by
+// steps, not only a warp's with one unit of its own (down's passes are two warps a unit, 10 cells
+// a warp; QKV's three).
+#ifndef SS_LEAN_ALL
+#define SS_LEAN_ALL 0
+#endif
 // Timing-only probes (WRONG OUTPUTS, never for anything but a step time; off): SS_PROBE_SPLIT1=1,
 // every GEMV's prologue reads only the first of its input's K-split partial vectors (what the
 // partials' volume costs: up to 40 KB an SM after each wait); SSA_PROBE_NOBAR=1, the
@@ -420,36 +426,49 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             int u_slice, u_tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
             const int gofs = u_slice * gu;  // the unit's first group
-            if (q.kw == 1) {
-                // One unit a warp (gate/up's and down's passes): its cells are np apart in the
+            if (SS_LEAN_ALL || q.kw == 1) {
+                // One unit a warp (gate/up's passes, lm_head's): its cells are np apart in the
                 // stream, round after round, so the ring slot (the position modulo the ring's
                 // cells) and the input group advance by steps instead of being worked out again
                 // per cell (137 SASS instructions a pair of cells against 158; +0.9% a step,
-                // docs/performance.md, nineteenth session).
+                // docs/performance.md, nineteenth session). SS_LEAN_ALL: every pass so, kw warps
+                // a unit stepping np kw cells and kw groups a full round, the last partial round
+                // (gu not a multiple of kw) worked out once.
                 constexpr unsigned RC = (unsigned)(NCH * SS_CH);
-                const unsigned np = (unsigned)q.np;
-                unsigned pos = pb + (unsigned)ti, slot = pos % RC;
-                const uint2* xb = SS_XB(gofs);
-                const int xstep = SS_CELL_DP4A || lane < 4 ? 16 : 0;
-                const int* x8 = sm.xs8 + gofs;
-                const float* xc = sm.xsc + gofs;
+                const int kw = SS_LEAN_ALL ? q.kw : 1, sk = SS_LEAN_ALL ? sl : 0;
+                const unsigned np = (unsigned)(q.np * kw);  // a warp's stride from round to round
+                const int full = SS_LEAN_ALL ? gu / kw : gu;  // rounds with all kw slices
+                unsigned pos = pb + (unsigned)(ti * kw + sk), slot = pos % RC;
+                const uint2* xb = SS_XB(gofs + sk);
+                const int xstep = (SS_CELL_DP4A || lane < 4 ? 16 : 0) * kw;
+                const int* x8 = sm.xs8 + gofs + sk;
+                const float* xc = sm.xsc + gofs + sk;
                 int r = 0;
-                for (; r + 1 < gu; r += 2) {
+                for (; r + 1 < full; r += 2) {
                     unsigned slot1 = slot + np;
                     if (slot1 >= RC) slot1 -= RC;
                     R.release_to(pos);
                     R.land((pos + np) / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
-                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[r + 1], xc[r + 1], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r * kw], xc[r * kw], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[(r + 1) * kw], xc[(r + 1) * kw], lane,
+                            acc_a, acc_b);
                     xb += 2 * xstep;
                     pos += 2 * np;
                     slot = slot1 + np;
                     if (slot >= RC) slot -= RC;
                 }
-                if (r < gu) {
+                if (r < full) {
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r * kw], xc[r * kw], lane, acc_a, acc_b);
+                }
+                if (SS_LEAN_ALL && full * kw + sk < gu) {
+                    // The last round's cnt slices: this unit's cells ti cnt + slice.
+                    const int cnt = gu - full * kw, grp = gofs + full * kw + sk;
+                    const unsigned pl = pb + (unsigned)(full * q.np * kw + ti * cnt + sk);
+                    R.release_to(pl);
+                    R.land(pl / SS_CH);
+                    ss_cell(R.cell(pl), SS_XB(grp), sm.xs8[grp], sm.xsc[grp], lane, acc_a, acc_b);
                 }
             } else {
                 // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).

@@ -547,6 +547,53 @@ mod tests {
         }
     }
 
+    /// The kernel's cell loop by steps (`ss_gemv`, SS_LEAN_ALL builds; kw = 1 always): a warp's
+    /// full rounds np kw cells apart, then the last partial round worked out once, give the same
+    /// cells in the same order as the round formula `walk` checks against the layout.
+    #[test]
+    fn stepped_cell_positions_match_the_round_formula() {
+        for warps in [4, 8, 11, 12] {
+            for gu in 1..=24 {
+                for nt in 1..=3 * warps {
+                    let mut p = 0;
+                    while p * warps < nt {
+                        let q = pass_of(nt, p, gu, warps);
+                        let pb = p * warps * gu;
+                        for warp in 0..q.np * q.kw {
+                            let (ti, sl) = (warp / q.kw, warp % q.kw);
+                            let formula: Vec<(usize, usize)> = (0..q.rounds)
+                                .map(|r| (r, r * q.kw + sl))
+                                .take_while(|&(_, g)| g < gu)
+                                .map(|(r, g)| {
+                                    let cnt = q.kw.min(gu - r * q.kw);
+                                    (pb + r * q.np * q.kw + ti * cnt + sl, g)
+                                })
+                                .collect();
+                            let stride = q.np * q.kw;
+                            // At most one wrap of the ring's slot a step: the smallest ring
+                            // (decode_stream_r2) holds 2 chunks of 16 cells.
+                            assert!(stride < 2 * 16, "stride {stride}");
+                            let full = gu / q.kw;
+                            let mut stepped: Vec<(usize, usize)> = (0..full)
+                                .map(|r| (pb + ti * q.kw + sl + r * stride, r * q.kw + sl))
+                                .collect();
+                            if full * q.kw + sl < gu {
+                                let cnt = gu - full * q.kw;
+                                stepped
+                                    .push((pb + full * stride + ti * cnt + sl, full * q.kw + sl));
+                            }
+                            assert_eq!(
+                                stepped, formula,
+                                "{warps} warps, gu {gu}, nt {nt}, warp {warp}"
+                            );
+                        }
+                        p += 1;
+                    }
+                }
+            }
+        }
+    }
+
     /// The dp4a form of a cell (kernels/stream_step.cu `ss_cell`, SS_CELL_DP4A builds): lane
     /// (g, c) dots the words of its fragment against the int8 input words it reads from the
     /// quantized group's B-fragment layout (`ss_store_group`), low nibbles alone and whole bytes
