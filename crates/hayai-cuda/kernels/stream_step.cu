@@ -50,9 +50,10 @@
 // SS_CELL_DP4A=1 (a measurement build, -DSS_CELL_DP4A=1; not yet run, off): a cell's integer
 // dot products by `dp4a` on the integer pipe instead of four `mma` m16n8k32 of which one of the
 // 8 columns is used. The same integers (exact sums), so the same outputs. The prototype measured
-// the `mma.sync` pipe at ~110 cycles a cell a scheduler whatever the warp count; 16 `dp4a`, 8
-// masks and 4 shuffles a lane are ~50 issue cycles a cell. gate/up's cells on the critical SM
-// take ~4.2 us a layer, down's ~2.5.
+// the `mma.sync` pipe at ~110 cycles a cell a scheduler whatever the warp count, and the step's
+// gate/up warps free a ring chunk every ~0.57 us, that rate; 16 `dp4a`, 8 masks and 4 shuffles a
+// lane make the one-unit loop ~150 SASS instructions a pair of cells (137 with the mma's), ~75
+// issue cycles a cell. gate/up's cells on the critical SM take ~4.2 us a layer, down's ~2.5.
 #ifndef SS_CELL_DP4A
 #define SS_CELL_DP4A 0
 #endif
@@ -265,7 +266,7 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
 // 32 t + 4 c + i and 32 t + 16 + 4 c + i (stream_layout.rs `encode_cell`); the high nibbles stay
 // in place as 16 q (still a u8), their sums shifted back exactly. The nibbles' +8 comes off
 // through the group's integer x sum `xs8`; `xsc` is the group's x scale. xb: lanes 0-3 their B
-// entries, the others 16 zero entries.
+// entries, the others 16 zero entries (SS_CELL_DP4A: every lane its quad's B entries; SS_XB).
 __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs8, float xsc, int lane,
                                         float& acc_a, float& acc_b) {
     const uint4 w0 = cp[lane], w1 = cp[32 + lane];
