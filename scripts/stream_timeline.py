@@ -150,9 +150,12 @@ def main():
             chs = range(c0 // CC, (c1 - 1) // CC + 1)
             if not all(chunk(crit, c, 0) and chunk(crit, c, 1) for c in chs):
                 continue
+            # The chunks copied after the input was quantized (issued, landed): each waited for
+            # a slot the warps freed, so their spacing is the rate the cells free the ring.
+            tail = [(chunk(crit, c, 0) - q, chunk(crit, c, 1) - q) for c in chs if chunk(crit, c, 0) > q]
             ringv.setdefault(label, []).append((len(chs), sum(chunk(crit, c, 1) <= q for c in chs),
                                                 chunk(crit, chs[-1], 0) - q, chunk(crit, chs[-1], 1) - q,
-                                                done[crit] - q))
+                                                done[crit] - q, tail))
         if ringv:
             print(f"{'GEMV ring (last SM, us)':<28}{'n':>4}{'chunks':>8}{'landed':>8}{'issued':>8}"
                   f"{'last':>8}{'done':>8}")
@@ -162,6 +165,16 @@ def main():
                       f"{m[4] * 1e-3:8.2f}")
             print("landed: chunks landed when its input was quantized; issued / last: its last chunk"
                   " issued / landed; done: its cells stored (µs after the quantized input)")
+            for label, v in ringv.items():
+                # Layers with the most common number of such chunks, medians chunk by chunk.
+                counts = [len(x[5]) for x in v]
+                nt = max(set(counts), key=counts.count)
+                if nt == 0:
+                    continue
+                tails = [x[5] for x in v if len(x[5]) == nt]
+                cols = "  ".join(f"{median(t[i][0] for t in tails) * 1e-3:.2f}/{median(t[i][1] for t in tails) * 1e-3:.2f}"
+                                 for i in range(nt))
+                print(f"{label + ' ring tail':<28}{len(tails):>4}  issued/landed (µs): {cols}")
         # Attention's phases on the SM that finished it last (builds that stamp them: slots 4-6
         # = its first item's inputs ready, its items done, every SM's ranges stored).
         att = [0] * 5

@@ -50,10 +50,11 @@
 // SS_CELL_DP4A=1 (a measurement build, -DSS_CELL_DP4A=1; not yet run, off): a cell's integer
 // dot products by `dp4a` on the integer pipe instead of four `mma` m16n8k32 of which one of the
 // 8 columns is used. The same integers (exact sums), so the same outputs. The prototype measured
-// the `mma.sync` pipe at ~110 cycles a cell a scheduler whatever the warp count, and the step's
-// gate/up warps free a ring chunk every ~0.57 us, that rate; 16 `dp4a`, 8 masks and 4 shuffles a
-// lane make the one-unit loop ~150 SASS instructions a pair of cells (137 with the mma's), ~75
-// issue cycles a cell. gate/up's cells on the critical SM take ~4.2 us a layer, down's ~2.5.
+// the `mma.sync` pipe at ~110 cycles a cell a scheduler whatever the warp count (the step's
+// gate/up warps free a ring chunk every ~0.57 us: ~0.36 us a cell a warp, twice that); 16 `dp4a`,
+// 8 masks and 4 shuffles a lane make the one-unit loop ~150 SASS instructions a pair of cells
+// (137 with the mma's), ~75 issue cycles a cell. gate/up's cells on the critical SM take ~4.2 us
+// a layer, down's ~2.5.
 #ifndef SS_CELL_DP4A
 #define SS_CELL_DP4A 0
 #endif
@@ -62,6 +63,14 @@
 // a warp; QKV's three).
 #ifndef SS_LEAN_ALL
 #define SS_LEAN_ALL 0
+#endif
+// SS_RING_RELAXED=1 (a measurement build, -DSS_RING_RELAXED=1; not yet run, off): a consumer
+// warp's ring release a plain store, its order after the chunk's reads by issue order alone (the
+// prototype's), without the release's MEMBAR.ALL.CTA each chunk a warp crosses: whether that
+// fence is part of why the step's cells run at ~0.36 us a cell a warp (gate/up's ring tail)
+// against the prototype's ~0.17.
+#ifndef SS_RING_RELAXED
+#define SS_RING_RELAXED 0
 #endif
 // Timing-only probes (WRONG OUTPUTS, never for anything but a step time; off): SS_PROBE_SPLIT1=1,
 // every GEMV's prologue reads only the first of its input's K-split partial vectors (what the
@@ -242,12 +251,17 @@ struct SsRing {
         while (have <= c) have = ss_ld_acquire_cta(landed);
     }
     // Chunks before pos's are done with. A release store: the chunk's shared-memory reads are
-    // ordered before the producer's refill by the memory model, not only by issue order.
+    // ordered before the producer's refill by the memory model, not only by issue order
+    // (SS_RING_RELAXED: by issue order alone, as the prototype's, no MEMBAR.ALL.CTA).
     __device__ __forceinline__ void release_to(unsigned pos) {
         const unsigned c = pos / SS_CH;
         if (rel >= c) return;
         rel = c;
+#if SS_RING_RELAXED
+        asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(wdone), "r"(c) : "memory");
+#else
         ss_st_release_cta(wdone, c);
+#endif
     }
     __device__ __forceinline__ const uint4* cell(unsigned pos) const {
         return cells + ((pos / SS_CH) % NCH * SS_CH + pos % SS_CH) * SS_CELL_U4;
