@@ -72,6 +72,18 @@
 #ifndef SS_RING_RELAXED
 #define SS_RING_RELAXED 0
 #endif
+// SS_POLL_RELAXED=1 (a measurement build, -DSS_POLL_RELAXED=1; not yet run, off): the waits for
+// an operation's counter poll with relaxed loads and acquire once by a fence (ss_wait_count): the
+// stall profile puts a CCTL.IVALL, the acquire load's L1 invalidation, in every poll.
+#ifndef SS_POLL_RELAXED
+#define SS_POLL_RELAXED 0
+#endif
+// SS_POLL_NS (default 20; measurement builds 100, 300; not yet run): the ns a counter wait sleeps
+// between polls. The eighteenth session's profile counts ~21 polls an SM per operation and ~335
+// per attention ranges barrier: 132 SMs reading the word the arrivals add to.
+#ifndef SS_POLL_NS
+#define SS_POLL_NS 20
+#endif
 // Timing-only probes (WRONG OUTPUTS, never for anything but a step time; off): SS_PROBE_SPLIT1=1,
 // every GEMV's prologue reads only the first of its input's K-split partial vectors (what the
 // partials' volume costs: up to 40 KB an SM after each wait); SSA_PROBE_NOBAR=1, the
@@ -144,6 +156,22 @@ __device__ __forceinline__ unsigned ss_ld_acquire_gpu(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+// Until the counter at p reaches target (a wrapping compare), then acquire: every acquire load
+// is a CCTL.IVALL (the SM's L1 invalidated) besides the load, so SS_POLL_RELAXED polls with
+// relaxed loads and acquires once by a fence.
+__device__ __forceinline__ void ss_wait_count(const unsigned* p, unsigned target) {
+#if SS_POLL_RELAXED
+    for (;;) {
+        unsigned v;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        if ((int)(v - target) >= 0) break;
+        __nanosleep(SS_POLL_NS);
+    }
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+    while ((int)(ss_ld_acquire_gpu(p) - target) < 0) __nanosleep(SS_POLL_NS);
+#endif
 }
 __device__ __forceinline__ void ss_st_release_cta(unsigned addr, unsigned v) {
     asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
@@ -978,7 +1006,7 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     ct.sync();
     if (tid == 0 && !SSA_PROBE_NOBAR) {
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(adone) : "memory");
-        while ((int)(ss_ld_acquire_gpu(adone) - target) < 0) __nanosleep(20);
+        ss_wait_count(adone, target);
     }
     ct.sync();
     stamp_at(stamps, 7);
@@ -1071,7 +1099,7 @@ __device__ void stream_body(const StreamParams& P) {
         ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
-            while ((int)(ss_ld_acquire_gpu(P.done + k - 1) - target) < 0) __nanosleep(20);
+            ss_wait_count(P.done + k - 1, target);
         }
         // The norm weights' group and the tile's K rows (the V rows may stay in flight; an SM
         // without an item committed none). Waiting for the norm weights alone here measured no
