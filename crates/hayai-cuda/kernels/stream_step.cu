@@ -440,12 +440,12 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #if SS_PROBE_SPLIT1
     GemvParams g1p = g;
     g1p.in_splits = 1;
-    gemv_prologue<true, 0, ConsumerThreads>(g1p, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
-                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+    const GemvParams& gin = g1p;
 #else
-    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
-                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
+    const GemvParams& gin = g;
 #endif
+    gemv_prologue<true, 0, ConsumerThreads>(gin, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
+                                            ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
     if (nt == 0) return;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
