@@ -50,19 +50,18 @@ prepare() {
   # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
   CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
   # Measurement builds, one after another in one target directory (only the kernels rebuild),
-  # each kept as .gpz/gpu_check_NAME.gz (`run` unpacks it to .gpu/gpu_check_NAME): not yet
-  # measured, the cells' integer dots by dp4a (SS_CELL_DP4A), every pass's cell loop by steps
-  # (SS_LEAN_ALL), both, the ring's release without its fence (SS_RING_RELAXED) and the counter
-  # waits polling relaxed (SS_POLL_RELAXED) or sleeping 100 / 300 ns between polls (SS_POLL_NS)
-  # (the same outputs as the default: parity with `run
-  # vparity`, speed with `run rotate`); timing-only
-  # probes (wrong outputs): every GEMV reading one input partial vector (probe1), the
-  # attention's ranges barrier skipped (probe2).
+  # each kept as .gpz/gpu_check_NAME.gz (`run` unpacks it to .gpu/gpu_check_NAME): MEASURE lists
+  # them as NAME=DEFINES, ';' between (e.g. MEASURE="laneacc=-DSS_LANE_ACC=1"); parity with `run
+  # vparity`, speed with `run rotate`.
   mkdir -p .gpz
   local v
-  for v in "dp4a=-DSS_CELL_DP4A=1" "leanall=-DSS_LEAN_ALL=1" "dp4alean=-DSS_CELL_DP4A=1 -DSS_LEAN_ALL=1" \
-    "relaxed=-DSS_RING_RELAXED=1" "pollrelax=-DSS_POLL_RELAXED=1" "poll100=-DSS_POLL_NS=100" \
-    "poll300=-DSS_POLL_NS=300" "probe1=-DSS_PROBE_SPLIT1=1" "probe2=-DSSA_PROBE_NOBAR=1"; do
+  local IFS_OLD="$IFS"
+  IFS=';'
+  local builds=(${MEASURE:-})
+  IFS="$IFS_OLD"
+  for v in "${builds[@]}"; do
+    v="${v# }"
+    [ -n "$v" ] || continue
     CARGO_TARGET_DIR=target/var HAYAI_CUDA_DEFINES="${v#*=}" cargo build --release -p hayai-cuda --example gpu_check
     cp target/var/release/examples/gpu_check "/tmp/gpu_check_${v%%=*}"
     strip "/tmp/gpu_check_${v%%=*}" 2>/dev/null || true

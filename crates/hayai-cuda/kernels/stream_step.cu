@@ -47,53 +47,18 @@
 #ifndef SS_PRE_CST
 #define SS_PRE_CST 1
 #endif
-// SS_CELL_DP4A=1 (a measurement build, -DSS_CELL_DP4A=1; not yet run, off): a cell's integer
-// dot products by `dp4a` on the integer pipe instead of four `mma` m16n8k32 of which one of the
-// 8 columns is used. The same integers (exact sums), so the same outputs. The prototype measured
-// the `mma.sync` pipe at ~110 cycles a cell a scheduler whatever the warp count (the step's
-// gate/up warps free a ring chunk every ~0.57 us: ~0.36 us a cell a warp, twice that); 16 `dp4a`,
-// 8 masks and 4 shuffles a lane make the one-unit loop ~150 SASS instructions a pair of cells
-// (137 with the mma's), ~75 issue cycles a cell. gate/up's cells on the critical SM take ~4.2 us
-// a layer, down's ~2.5.
-#ifndef SS_CELL_DP4A
+// SS_CELL_DP4A (sm_90 on, sm_80-89 off): a cell's integer dot products by `dp4a` on the integer
+// pipe instead of four `mma` m16n8k32 of which one of the 8 columns is used (the same integers;
+// each lane's 32 columns then scaled and summed apart: ss_cell). On the H200 the `mma.sync` pipe
+// bounds the cells (the prototype: ~110 cycles a cell a scheduler whatever the warp count;
+// `dp4a` +14% resident): the step with `dp4a` cells 535.2-536.3 tok/s against 523.8-524.4, and
+// 539.3 with each lane's sums apart (twentieth session). The A10G's (sm_86) integer `mma` is
+// full rate and its integer pipe half as wide: not measured there, so its path stays the `mma`'s
+// (checked on the H200 by the compute_80 PTX-only build).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SS_CELL_DP4A 1
+#else
 #define SS_CELL_DP4A 0
-#endif
-// SS_LEAN_ALL=1 (a measurement build, -DSS_LEAN_ALL=1; not yet run, off): every pass's cell loop by
-// steps, not only a warp's with one unit of its own (down's passes are two warps a unit, 10 cells
-// a warp; QKV's three).
-#ifndef SS_LEAN_ALL
-#define SS_LEAN_ALL 0
-#endif
-// SS_RING_RELAXED=1 (a measurement build, -DSS_RING_RELAXED=1; not yet run, off): a consumer
-// warp's ring release a plain store, its order after the chunk's reads by issue order alone (the
-// prototype's), without the release's MEMBAR.ALL.CTA each chunk a warp crosses: whether that
-// fence is part of why the step's cells run at ~0.36 us a cell a warp (gate/up's ring tail)
-// against the prototype's ~0.17.
-#ifndef SS_RING_RELAXED
-#define SS_RING_RELAXED 0
-#endif
-// SS_POLL_RELAXED=1 (a measurement build, -DSS_POLL_RELAXED=1; not yet run, off): the waits for
-// an operation's counter poll with relaxed loads and acquire once by a fence (ss_wait_count): the
-// stall profile puts a CCTL.IVALL, the acquire load's L1 invalidation, in every poll.
-#ifndef SS_POLL_RELAXED
-#define SS_POLL_RELAXED 0
-#endif
-// SS_POLL_NS (default 20; measurement builds 100, 300; not yet run): the ns a counter wait sleeps
-// between polls. The eighteenth session's profile counts ~21 polls an SM per operation and ~335
-// per attention ranges barrier: 132 SMs reading the word the arrivals add to.
-#ifndef SS_POLL_NS
-#define SS_POLL_NS 20
-#endif
-// Timing-only probes (WRONG OUTPUTS, never for anything but a step time; off): SS_PROBE_SPLIT1=1,
-// every GEMV's prologue reads only the first of its input's K-split partial vectors (what the
-// partials' volume costs: up to 40 KB an SM after each wait); SSA_PROBE_NOBAR=1, the
-// attention's ranges barrier skipped, every SM merging whatever partials are there (the most a
-// merge without that second grid-wide wait could save).
-#ifndef SS_PROBE_SPLIT1
-#define SS_PROBE_SPLIT1 0
-#endif
-#ifndef SSA_PROBE_NOBAR
-#define SSA_PROBE_NOBAR 0
 #endif
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
@@ -157,21 +122,11 @@ __device__ __forceinline__ unsigned ss_ld_acquire_gpu(const unsigned* p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-// Until the counter at p reaches target (a wrapping compare), then acquire: every acquire load
-// is a CCTL.IVALL (the SM's L1 invalidated) besides the load, so SS_POLL_RELAXED polls with
-// relaxed loads and acquires once by a fence.
+// Until the counter at p reaches target (a wrapping compare), then acquire. Measured against
+// this (twentieth session): relaxed polls with one acquire fence after, 10% slower a step;
+// 100 ns between polls the same, 300 ns 1.8% slower.
 __device__ __forceinline__ void ss_wait_count(const unsigned* p, unsigned target) {
-#if SS_POLL_RELAXED
-    for (;;) {
-        unsigned v;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-        if ((int)(v - target) >= 0) break;
-        __nanosleep(SS_POLL_NS);
-    }
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#else
-    while ((int)(ss_ld_acquire_gpu(p) - target) < 0) __nanosleep(SS_POLL_NS);
-#endif
+    while ((int)(ss_ld_acquire_gpu(p) - target) < 0) __nanosleep(20);
 }
 __device__ __forceinline__ void ss_st_release_cta(unsigned addr, unsigned v) {
     asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
@@ -279,17 +234,13 @@ struct SsRing {
         while (have <= c) have = ss_ld_acquire_cta(landed);
     }
     // Chunks before pos's are done with. A release store: the chunk's shared-memory reads are
-    // ordered before the producer's refill by the memory model, not only by issue order
-    // (SS_RING_RELAXED: by issue order alone, as the prototype's, no MEMBAR.ALL.CTA).
+    // ordered before the producer's refill by the memory model, not only by issue order (a
+    // plain store, the prototype's, measured 0.7% faster: not worth a data race by the model).
     __device__ __forceinline__ void release_to(unsigned pos) {
         const unsigned c = pos / SS_CH;
         if (rel >= c) return;
         rel = c;
-#if SS_RING_RELAXED
-        asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(wdone), "r"(c) : "memory");
-#else
         ss_st_release_cta(wdone, c);
-#endif
     }
     __device__ __forceinline__ const uint4* cell(unsigned pos) const {
         return cells + ((pos / SS_CH) % NCH * SS_CH + pos % SS_CH) * SS_CELL_U4;
@@ -303,7 +254,8 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
     return d;
 }
 
-// One cell on the integer tensor cores: this warp's 16 rows times the group's int8 x. Lane
+// One cell: this warp's 16 rows times the group's int8 x (sm_90 by dp4a, else on the integer
+// tensor cores: SS_CELL_DP4A). Lane
 // (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8 (high nibble) at columns
 // 32 t + 4 c + i and 32 t + 16 + 4 c + i (stream_layout.rs `encode_cell`); the high nibbles stay
 // in place as 16 q (still a u8), their sums shifted back exactly. The nibbles' +8 comes off
@@ -319,8 +271,7 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
 #if SS_CELL_DP4A
     // Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
     // xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the
-    // whole words' dot (dw) less da is 16 times row g + 8's, one mask a word. Then the quad's
-    // four partial sums are added (integers: the same sums as the mma's in any order).
+    // whole words' dot (dw) less da is 16 times row g + 8's, one mask a word.
     int da = 0, dw = 0;
 #pragma unroll
     for (int t = 0; t < 4; t++) {
@@ -330,11 +281,12 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
         da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, bv.y, da);
         dw = dp4a_u8s8(ws[2 * t + 1], bv.y, dw);
     }
-    da += __shfl_xor_sync(HAYAI_FULL_MASK, da, 1);
-    dw += __shfl_xor_sync(HAYAI_FULL_MASK, dw, 1);
-    da += __shfl_xor_sync(HAYAI_FULL_MASK, da, 2);
-    dw += __shfl_xor_sync(HAYAI_FULL_MASK, dw, 2);
-    const float fa = (float)(da - 8 * xs8), fb = (float)(((dw - da) >> 4) - 8 * xs8);
+    // Each lane its own float sums, the quad's four added once a pass (before the rows are
+    // stored) instead of its integer dots by 4 shuffles a cell (~5% of a cell's instructions,
+    // on its dependency chain): +0.8% a step (twentieth session). Each cell's four products are
+    // rounded apart (parity within the same bounds). Lane c = 0 takes the nibbles' offset.
+    const int off = (lane & 3) == 0 ? 8 * xs8 : 0;
+    const float fa = (float)(da - off), fb = (float)(((dw - da) >> 4) - off);
 #else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
@@ -437,14 +389,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
-#if SS_PROBE_SPLIT1
-    GemvParams g1p = g;
-    g1p.in_splits = 1;
-    const GemvParams& gin = g1p;
-#else
-    const GemvParams& gin = g;
-#endif
-    gemv_prologue<true, 0, ConsumerThreads>(gin, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
+    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
     if (nt == 0) return;
@@ -469,49 +414,37 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             int u_slice, u_tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
             const int gofs = u_slice * gu;  // the unit's first group
-            if (SS_LEAN_ALL || q.kw == 1) {
+            if (q.kw == 1) {
                 // One unit a warp (gate/up's passes, lm_head's): its cells are np apart in the
                 // stream, round after round, so the ring slot (the position modulo the ring's
                 // cells) and the input group advance by steps instead of being worked out again
                 // per cell (137 SASS instructions a pair of cells against 158; +0.9% a step,
-                // docs/performance.md, nineteenth session). SS_LEAN_ALL: every pass so, kw warps
-                // a unit stepping np kw cells and kw groups a full round, the last partial round
-                // (gu not a multiple of kw) worked out once.
+                // docs/performance.md, nineteenth session; every pass so, kw warps a unit, +0.5%
+                // with the mma cells, -0.9% with the dp4a ones: twentieth session).
                 constexpr unsigned RC = (unsigned)(NCH * SS_CH);
-                const int kw = SS_LEAN_ALL ? q.kw : 1, sk = SS_LEAN_ALL ? sl : 0;
-                const unsigned np = (unsigned)(q.np * kw);  // a warp's stride from round to round
-                const int full = SS_LEAN_ALL ? gu / kw : gu;  // rounds with all kw slices
-                unsigned pos = pb + (unsigned)(ti * kw + sk), slot = pos % RC;
-                const uint2* xb = SS_XB(gofs + sk);
-                const int xstep = (SS_CELL_DP4A || lane < 4 ? 16 : 0) * kw;
-                const int* x8 = sm.xs8 + gofs + sk;
-                const float* xc = sm.xsc + gofs + sk;
+                const unsigned np = (unsigned)q.np;
+                unsigned pos = pb + (unsigned)ti, slot = pos % RC;
+                const uint2* xb = SS_XB(gofs);
+                const int xstep = SS_CELL_DP4A || lane < 4 ? 16 : 0;
+                const int* x8 = sm.xs8 + gofs;
+                const float* xc = sm.xsc + gofs;
                 int r = 0;
-                for (; r + 1 < full; r += 2) {
+                for (; r + 1 < gu; r += 2) {
                     unsigned slot1 = slot + np;
                     if (slot1 >= RC) slot1 -= RC;
                     R.release_to(pos);
                     R.land((pos + np) / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r * kw], xc[r * kw], lane, acc_a, acc_b);
-                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[(r + 1) * kw], xc[(r + 1) * kw], lane,
-                            acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[r + 1], xc[r + 1], lane, acc_a, acc_b);
                     xb += 2 * xstep;
                     pos += 2 * np;
                     slot = slot1 + np;
                     if (slot >= RC) slot -= RC;
                 }
-                if (r < full) {
+                if (r < gu) {
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r * kw], xc[r * kw], lane, acc_a, acc_b);
-                }
-                if (SS_LEAN_ALL && full * kw + sk < gu) {
-                    // The last round's cnt slices: this unit's cells ti cnt + slice.
-                    const int cnt = gu - full * kw, grp = gofs + full * kw + sk;
-                    const unsigned pl = pb + (unsigned)(full * q.np * kw + ti * cnt + sk);
-                    R.release_to(pl);
-                    R.land(pl / SS_CH);
-                    ss_cell(R.cell(pl), SS_XB(grp), sm.xs8[grp], sm.xsc[grp], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
                 }
             } else {
                 // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
@@ -540,6 +473,13 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                             sm.xsc[gofs + grp], lane, acc_a, acc_b);
                 }
             }
+#if SS_CELL_DP4A
+            // The quad's lanes' sums of its rows (ss_cell).
+            acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 1);
+            acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 1);
+            acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 2);
+            acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 2);
+#endif
             if ((lane & 3) == 0) {
                 sm.red[pc & 1][warp][lane >> 2] = acc_a;
                 sm.red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
@@ -1004,7 +944,7 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     ss_tl_at(tl, 5);
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
     ct.sync();
-    if (tid == 0 && !SSA_PROBE_NOBAR) {
+    if (tid == 0) {
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(adone) : "memory");
         ss_wait_count(adone, target);
     }

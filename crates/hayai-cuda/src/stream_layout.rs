@@ -547,9 +547,10 @@ mod tests {
         }
     }
 
-    /// The kernel's cell loop by steps (`ss_gemv`, SS_LEAN_ALL builds; kw = 1 always): a warp's
-    /// full rounds np kw cells apart, then the last partial round worked out once, give the same
-    /// cells in the same order as the round formula `walk` checks against the layout.
+    /// A cell loop by steps: a warp's full rounds np kw cells apart, then the last partial round
+    /// worked out once, give the same cells in the same order as the round formula `walk`
+    /// checks against the layout (the kernel's `ss_gemv` steps so for kw = 1; every kw was
+    /// measured slower with the dp4a cells, docs/decisions.md).
     #[test]
     fn stepped_cell_positions_match_the_round_formula() {
         for warps in [4, 8, 11, 12] {
@@ -594,10 +595,11 @@ mod tests {
         }
     }
 
-    /// The dp4a form of a cell (kernels/stream_step.cu `ss_cell`, SS_CELL_DP4A builds): lane
-    /// (g, c) dots the words of its fragment against the int8 input words it reads from the
-    /// quantized group's B-fragment layout (`ss_store_group`), low nibbles alone and whole bytes
-    /// (low + 16 high), then the quad's sums are added. Both rows' integer dots must be exact.
+    /// The dp4a form of a cell (kernels/stream_step.cu `ss_cell`, sm_90): lane (g, c) dots the
+    /// words of its fragment against the int8 input words it reads from the quantized group's
+    /// B-fragment layout (`ss_store_group`), low nibbles alone and whole bytes (low + 16 high);
+    /// the kernel scales each lane's dots apart and adds the quad's sums once a pass. The quad's
+    /// integer dots (lane c = 0 taking the nibbles' offset) must be both rows' exact dots.
     #[test]
     fn dp4a_cell_lanes_give_the_exact_integer_dots() {
         let m = quantize_int4(&matrix(16, 256, 5));
