@@ -60,6 +60,16 @@
 #else
 #define SS_CELL_DP4A 0
 #endif
+// SS_X_PACKED=1 (a measurement build, -DSS_X_PACKED=1; not yet run, off; sm_90's dp4a cells
+// only): a group's int8 input stored lane quad by lane quad, so a dp4a lane's four input word
+// pairs are two 16-byte loads instead of four 8-byte ones, and its integer sum (times 8) and
+// scale one 8-byte load instead of two: 20 shared-memory loads a pair of cells become 14. The
+// cells' loads and the ring's refills keep the SM's shared memory ~60% busy (twentieth
+// session: ~24 wavefronts a cell at ~0.21 us a cell a warp). The same arithmetic.
+#ifndef SS_X_PACKED
+#define SS_X_PACKED 0
+#endif
+#define SS_XP (SS_X_PACKED && SS_CELL_DP4A)
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -273,9 +283,16 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     // xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the
     // whole words' dot (dw) less da is 16 times row g + 8's, one mask a word.
     int da = 0, dw = 0;
+#if SS_XP
+    const uint4 xv[2] = {((const uint4*)xb)[0], ((const uint4*)xb)[1]};
+#endif
 #pragma unroll
     for (int t = 0; t < 4; t++) {
+#if SS_XP
+        const uint2 bv = t & 1 ? make_uint2(xv[t >> 1].z, xv[t >> 1].w) : make_uint2(xv[t >> 1].x, xv[t >> 1].y);
+#else
         const uint2 bv = xb[t * 4];
+#endif
         da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, bv.x, da);
         dw = dp4a_u8s8(ws[2 * t], bv.x, dw);
         da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, bv.y, da);
@@ -285,7 +302,7 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     // stored) instead of its integer dots by 4 shuffles a cell (~5% of a cell's instructions,
     // on its dependency chain): +0.8% a step (twentieth session). Each cell's four products are
     // rounded apart (parity within the same bounds). Lane c = 0 takes the nibbles' offset.
-    const int off = (lane & 3) == 0 ? 8 * xs8 : 0;
+    const int off = (lane & 3) == 0 ? (SS_XP ? xs8 : 8 * xs8) : 0;  // SS_XP: xs8 is 8 x the sum
     const float fa = (float)(da - off), fb = (float)(((dw - da) >> 4) - off);
 #else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
@@ -329,18 +346,32 @@ __device__ __forceinline__ void ss_unit_at(const SmShare& sh, int tiles, int idx
 struct SsShared {
     float red[2][SS_NW][16];  // a pass's per-warp row sums (alternating: no barrier between passes' uses)
     float sred[32];           // group_sum scratch
+#if SS_XP
+    int2 xsp[SS_MAXG];        // per input group: 8 x the integer sum of the quantized x, the scale's bits
+#else
     int xs8[SS_MAXG];         // per input group: integer sum of the quantized x
     float xsc[SS_MAXG];       // per input group: x scale max|x| / 127
+#endif
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
 };
 
 // Where a lane reads input group grp's B entries for ss_cell (in ss_gemv: xf, sm, lane): the mma
 // takes x from lanes 0-3 (B's column 0) and zeros elsewhere; the dp4a cell (SS_CELL_DP4A) every
 // lane's quad's words.
-#if SS_CELL_DP4A
+#if SS_XP
+#define SS_XB(grp) (xf + (grp) * 16 + (lane & 3) * 4)
+#elif SS_CELL_DP4A
 #define SS_XB(grp) (xf + (grp) * 16 + (lane & 3))
 #else
 #define SS_XB(grp) (lane < 4 ? xf + (grp) * 16 + lane : sm.xzero)
+#endif
+// Group grp's integer x sum (8 x it with SS_XP) and x scale.
+#if SS_XP
+#define SS_X8(grp) (sm.xsp[grp].x)
+#define SS_XC(grp) (__int_as_float(sm.xsp[grp].y))
+#else
+#define SS_X8(grp) (sm.xs8[grp])
+#define SS_XC(grp) (sm.xsc[grp])
 #endif
 
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
@@ -368,12 +399,20 @@ __device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* x
 // Group grp's quantized x (this lane's 4 values q) as B entries, its integer sum qs and scale.
 __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp, const int q[4], int qs, float m,
                                                int lane) {
+#if SS_XP
+    ((uint32_t*)xf)[((grp * 4 + (lane & 3)) * 4 + (lane >> 3)) * 2 + ((lane >> 2) & 1)] =
+#else
     ((uint32_t*)xf)[((grp * 4 + (lane >> 3)) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)] =
+#endif
         (uint32_t)(q[0] & 255) | (uint32_t)(q[1] & 255) << 8 | (uint32_t)(q[2] & 255) << 16 |
         (uint32_t)(q[3] & 255) << 24;
     if (lane == 0) {
+#if SS_XP
+        sm.xsp[grp] = make_int2(8 * qs, __float_as_int(m / 127.f));
+#else
         sm.xs8[grp] = qs;
         sm.xsc[grp] = m / 127.f;
+#endif
     }
 }
 
@@ -426,16 +465,25 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 unsigned pos = pb + (unsigned)ti, slot = pos % RC;
                 const uint2* xb = SS_XB(gofs);
                 const int xstep = SS_CELL_DP4A || lane < 4 ? 16 : 0;
+#if SS_XP
+                const int2* xp = sm.xsp + gofs;
+#define SS_LX8(r) (xp[r].x)
+#define SS_LXC(r) (__int_as_float(xp[r].y))
+#else
                 const int* x8 = sm.xs8 + gofs;
                 const float* xc = sm.xsc + gofs;
+#define SS_LX8(r) (x8[r])
+#define SS_LXC(r) (xc[r])
+#endif
                 int r = 0;
                 for (; r + 1 < gu; r += 2) {
                     unsigned slot1 = slot + np;
                     if (slot1 >= RC) slot1 -= RC;
                     R.release_to(pos);
                     R.land((pos + np) / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
-                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[r + 1], xc[r + 1], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, SS_LX8(r), SS_LXC(r), lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, SS_LX8(r + 1), SS_LXC(r + 1), lane,
+                            acc_a, acc_b);
                     xb += 2 * xstep;
                     pos += 2 * np;
                     slot = slot1 + np;
@@ -444,8 +492,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 if (r < gu) {
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, SS_LX8(r), SS_LXC(r), lane, acc_a, acc_b);
                 }
+#undef SS_LX8
+#undef SS_LXC
             } else {
                 // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
                 int r = 0;
@@ -457,10 +507,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
                     R.release_to(p0);
                     R.land(p1 / SS_CH);
-                    ss_cell(R.cell(p0), SS_XB(gofs + ga), sm.xs8[gofs + ga],
-                            sm.xsc[gofs + ga], lane, acc_a, acc_b);
-                    ss_cell(R.cell(p1), SS_XB(gofs + gb), sm.xs8[gofs + gb],
-                            sm.xsc[gofs + gb], lane, acc_a, acc_b);
+                    ss_cell(R.cell(p0), SS_XB(gofs + ga), SS_X8(gofs + ga),
+                            SS_XC(gofs + ga), lane, acc_a, acc_b);
+                    ss_cell(R.cell(p1), SS_XB(gofs + gb), SS_X8(gofs + gb),
+                            SS_XC(gofs + gb), lane, acc_a, acc_b);
                 }
                 for (; r < q.rounds; r++) {
                     const int grp = r * q.kw + sl;
@@ -469,8 +519,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cell(pos), SS_XB(gofs + grp), sm.xs8[gofs + grp],
-                            sm.xsc[gofs + grp], lane, acc_a, acc_b);
+                    ss_cell(R.cell(pos), SS_XB(gofs + grp), SS_X8(gofs + grp),
+                            SS_XC(gofs + grp), lane, acc_a, acc_b);
                 }
             }
 #if SS_CELL_DP4A
