@@ -52,9 +52,9 @@
 // each lane's 32 columns then scaled and summed apart: ss_cell). On the H200 the `mma.sync` pipe
 // bounds the cells (the prototype: ~110 cycles a cell a scheduler whatever the warp count;
 // `dp4a` +14% resident): the step with `dp4a` cells 535.2-536.3 tok/s against 523.8-524.4, and
-// 539.3 with each lane's sums apart (twentieth session). The A10G's (sm_86) integer `mma` is
-// full rate and its integer pipe half as wide: not measured there, so its path stays the `mma`'s
-// (checked on the H200 by the compute_80 PTX-only build).
+// 539.3 with each lane's sums apart (twentieth session). On the A10G (sm_86) `mma.sync` is the
+// tensor cores' native form (on sm_90 the full rate is `wgmma`'s): not measured there, so its
+// path stays the `mma`'s (checked on the H200 by the compute_80 PTX-only build).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SS_CELL_DP4A 1
 #else
