@@ -70,6 +70,15 @@
 #define SS_X_PACKED 0
 #endif
 #define SS_XP (SS_X_PACKED && SS_CELL_DP4A)
+// SS_CELL_PREFETCH=1 (a measurement build, -DSS_CELL_PREFETCH=1; not yet run, off; sm_90's dp4a
+// cells, one-unit-a-warp passes): a warp loads its next pair of cells into registers before it
+// sums the current pair, so the shared-memory loads' latency hides behind the sums instead of
+// every pair waiting for its own loads (the eighteenth session's profile: short scoreboard 19% of
+// the cells' samples). Its ring release moves one pair earlier. The same arithmetic.
+#ifndef SS_CELL_PREFETCH
+#define SS_CELL_PREFETCH 0
+#endif
+#define SS_PF (SS_CELL_PREFETCH && SS_CELL_DP4A)
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -321,6 +330,49 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     acc_b = fmaf(fb, sb * xsc, acc_b);
 }
 
+#if SS_PF
+// A dp4a cell's operands in registers (ss_cell's loads), then their sums (ss_cell's arithmetic):
+// apart, so a loop can load one pair of cells while it sums the previous.
+struct SsCellIn {
+    uint4 w0, w1;
+    float sa, sb;
+    uint2 bv[4];
+};
+__device__ __forceinline__ SsCellIn ss_cell_load(const uint4* cp, const uint2* xb, int lane) {
+    SsCellIn c;
+    c.w0 = cp[lane], c.w1 = cp[32 + lane];
+    const uint16_t* sc = (const uint16_t*)(cp + 64);
+    const int g = lane >> 2;
+    c.sa = __uint_as_float((uint32_t)sc[g] << 16), c.sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+#if SS_XP
+    const uint4 xv[2] = {((const uint4*)xb)[0], ((const uint4*)xb)[1]};
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+        c.bv[t] = t & 1 ? make_uint2(xv[t >> 1].z, xv[t >> 1].w) : make_uint2(xv[t >> 1].x, xv[t >> 1].y);
+#else
+#pragma unroll
+    for (int t = 0; t < 4; t++) c.bv[t] = xb[t * 4];
+#endif
+    return c;
+}
+__device__ __forceinline__ void ss_cell_sum(const SsCellIn& c, int xs8, float xsc, int lane, float& acc_a,
+                                            float& acc_b) {
+    const uint32_t ws[8] = {c.w0.x, c.w0.y, c.w0.z, c.w0.w, c.w1.x, c.w1.y, c.w1.z, c.w1.w};
+    int da = 0, dw = 0;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, c.bv[t].x, da);
+        dw = dp4a_u8s8(ws[2 * t], c.bv[t].x, dw);
+        da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, c.bv[t].y, da);
+        dw = dp4a_u8s8(ws[2 * t + 1], c.bv[t].y, dw);
+    }
+    const int off = (lane & 3) == 0 ? (SS_XP ? xs8 : 8 * xs8) : 0;
+    const float fa = (float)(da - off), fb = (float)(((dw - da) >> 4) - off);
+    acc_a = fmaf(fa, c.sa * xsc, acc_a);
+    acc_b = fmaf(fb, c.sb * xsc, acc_b);
+}
+#endif
+
 struct SsPass {
     int np, kw, rounds;
 };
@@ -476,6 +528,39 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #define SS_LXC(r) (xc[r])
 #endif
                 int r = 0;
+#if SS_PF
+                // Pair r's operands (a0, a1) are in registers when its sums begin; pair r + 2's
+                // are loaded first (its chunks released up to it: pair r's are read).
+                if (gu >= 2) {
+                    unsigned slot1 = slot + np;
+                    if (slot1 >= RC) slot1 -= RC;
+                    R.release_to(pos);
+                    R.land((pos + np) / SS_CH);
+                    SsCellIn a0 = ss_cell_load(R.cells + slot * SS_CELL_U4, xb, lane);
+                    SsCellIn a1 = ss_cell_load(R.cells + slot1 * SS_CELL_U4, xb + xstep, lane);
+                    for (; r + 1 < gu; r += 2) {
+                        unsigned nslot = slot1 + np;
+                        if (nslot >= RC) nslot -= RC;
+                        unsigned nslot1 = nslot + np;
+                        if (nslot1 >= RC) nslot1 -= RC;
+                        SsCellIn b0 = a0, b1 = a1;
+                        if (r + 3 < gu) {
+                            R.release_to(pos + 2 * np);
+                            R.land((pos + 3 * np) / SS_CH);
+                            b0 = ss_cell_load(R.cells + nslot * SS_CELL_U4, xb + 2 * xstep, lane);
+                            b1 = ss_cell_load(R.cells + nslot1 * SS_CELL_U4, xb + 3 * xstep, lane);
+                        }
+                        ss_cell_sum(a0, SS_LX8(r), SS_LXC(r), lane, acc_a, acc_b);
+                        ss_cell_sum(a1, SS_LX8(r + 1), SS_LXC(r + 1), lane, acc_a, acc_b);
+                        a0 = b0;
+                        a1 = b1;
+                        xb += 2 * xstep;
+                        pos += 2 * np;
+                        slot = nslot;
+                        slot1 = nslot1;
+                    }
+                }
+#else
                 for (; r + 1 < gu; r += 2) {
                     unsigned slot1 = slot + np;
                     if (slot1 >= RC) slot1 -= RC;
@@ -489,6 +574,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     slot = slot1 + np;
                     if (slot >= RC) slot -= RC;
                 }
+#endif
                 if (r < gu) {
                     R.release_to(pos);
                     R.land(pos / SS_CH);
