@@ -54,11 +54,8 @@ prepare() {
   # them as NAME=DEFINES, ';' between (e.g. MEASURE="laneacc=-DSS_LANE_ACC=1"); parity with `run
   # vparity`, speed with `run rotate`.
   mkdir -p .gpz
-  local v
-  local IFS_OLD="$IFS"
-  IFS=';'
-  local builds=(${MEASURE:-})
-  IFS="$IFS_OLD"
+  local v builds
+  IFS=';' read -ra builds <<< "${MEASURE:-}"
   for v in "${builds[@]}"; do
     v="${v# }"
     [ -n "$v" ] || continue

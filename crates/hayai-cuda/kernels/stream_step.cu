@@ -273,6 +273,36 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
     return d;
 }
 
+#if SS_CELL_DP4A
+// B entry t of a lane's quad from its two 16-byte loads (SS_XP's order).
+__device__ __forceinline__ uint2 ss_xp_entry(const uint4* xv, int t) {
+    return t & 1 ? make_uint2(xv[t >> 1].z, xv[t >> 1].w) : make_uint2(xv[t >> 1].x, xv[t >> 1].y);
+}
+// A dp4a cell's two rows for this lane (ss_cell): its 8 weight words against B entries bv(0..3).
+// Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
+// xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the whole
+// words' dot (dw) less da is 16 times row g + 8's, one mask a word. Each lane keeps its own float
+// sums, the quad's four added once a pass (before the rows are stored) instead of its integer
+// dots by 4 shuffles a cell (~5% of a cell's instructions, on its dependency chain): +0.8% a step
+// (twentieth session). Each cell's four products are rounded apart (parity within the same
+// bounds). Lane c = 0 takes the nibbles' offset (SS_XP: xs8 is already 8 x the sum).
+template <class Bv>
+__device__ __forceinline__ void ss_dp4a_dots(const uint32_t* ws, Bv bv, int xs8, int lane, float& fa, float& fb) {
+    int da = 0, dw = 0;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint2 b = bv(t);
+        da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, b.x, da);
+        dw = dp4a_u8s8(ws[2 * t], b.x, dw);
+        da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, b.y, da);
+        dw = dp4a_u8s8(ws[2 * t + 1], b.y, dw);
+    }
+    const int off = (lane & 3) == 0 ? (SS_XP ? xs8 : 8 * xs8) : 0;
+    fa = (float)(da - off);
+    fb = (float)(((dw - da) >> 4) - off);
+}
+#endif
+
 // One cell: this warp's 16 rows times the group's int8 x (sm_90 by dp4a, else on the integer
 // tensor cores: SS_CELL_DP4A). Lane
 // (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8 (high nibble) at columns
@@ -288,31 +318,13 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     const int g = lane >> 2;
     const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
 #if SS_CELL_DP4A
-    // Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
-    // xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the
-    // whole words' dot (dw) less da is 16 times row g + 8's, one mask a word.
-    int da = 0, dw = 0;
+    float fa, fb;
 #if SS_XP
     const uint4 xv[2] = {((const uint4*)xb)[0], ((const uint4*)xb)[1]};
-#endif
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-#if SS_XP
-        const uint2 bv = t & 1 ? make_uint2(xv[t >> 1].z, xv[t >> 1].w) : make_uint2(xv[t >> 1].x, xv[t >> 1].y);
+    ss_dp4a_dots(ws, [&](int t) { return ss_xp_entry(xv, t); }, xs8, lane, fa, fb);
 #else
-        const uint2 bv = xb[t * 4];
+    ss_dp4a_dots(ws, [&](int t) { return xb[t * 4]; }, xs8, lane, fa, fb);
 #endif
-        da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, bv.x, da);
-        dw = dp4a_u8s8(ws[2 * t], bv.x, dw);
-        da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, bv.y, da);
-        dw = dp4a_u8s8(ws[2 * t + 1], bv.y, dw);
-    }
-    // Each lane its own float sums, the quad's four added once a pass (before the rows are
-    // stored) instead of its integer dots by 4 shuffles a cell (~5% of a cell's instructions,
-    // on its dependency chain): +0.8% a step (twentieth session). Each cell's four products are
-    // rounded apart (parity within the same bounds). Lane c = 0 takes the nibbles' offset.
-    const int off = (lane & 3) == 0 ? (SS_XP ? xs8 : 8 * xs8) : 0;  // SS_XP: xs8 is 8 x the sum
-    const float fa = (float)(da - off), fb = (float)(((dw - da) >> 4) - off);
 #else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
@@ -347,8 +359,7 @@ __device__ __forceinline__ SsCellIn ss_cell_load(const uint4* cp, const uint2* x
 #if SS_XP
     const uint4 xv[2] = {((const uint4*)xb)[0], ((const uint4*)xb)[1]};
 #pragma unroll
-    for (int t = 0; t < 4; t++)
-        c.bv[t] = t & 1 ? make_uint2(xv[t >> 1].z, xv[t >> 1].w) : make_uint2(xv[t >> 1].x, xv[t >> 1].y);
+    for (int t = 0; t < 4; t++) c.bv[t] = ss_xp_entry(xv, t);
 #else
 #pragma unroll
     for (int t = 0; t < 4; t++) c.bv[t] = xb[t * 4];
@@ -358,16 +369,8 @@ __device__ __forceinline__ SsCellIn ss_cell_load(const uint4* cp, const uint2* x
 __device__ __forceinline__ void ss_cell_sum(const SsCellIn& c, int xs8, float xsc, int lane, float& acc_a,
                                             float& acc_b) {
     const uint32_t ws[8] = {c.w0.x, c.w0.y, c.w0.z, c.w0.w, c.w1.x, c.w1.y, c.w1.z, c.w1.w};
-    int da = 0, dw = 0;
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, c.bv[t].x, da);
-        dw = dp4a_u8s8(ws[2 * t], c.bv[t].x, dw);
-        da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, c.bv[t].y, da);
-        dw = dp4a_u8s8(ws[2 * t + 1], c.bv[t].y, dw);
-    }
-    const int off = (lane & 3) == 0 ? (SS_XP ? xs8 : 8 * xs8) : 0;
-    const float fa = (float)(da - off), fb = (float)(((dw - da) >> 4) - off);
+    float fa, fb;
+    ss_dp4a_dots(ws, [&](int t) { return c.bv[t]; }, xs8, lane, fa, fb);
     acc_a = fmaf(fa, c.sa * xsc, acc_a);
     acc_b = fmaf(fb, c.sb * xsc, acc_b);
 }
