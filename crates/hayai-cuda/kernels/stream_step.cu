@@ -115,11 +115,13 @@ struct StreamParams {
     unsigned long long* timing;
     int n_ops, n_gemv;
     int x_floats;                   // shared floats of the GEMV input x (or attention scratch)
-    int attn_tk;                    // > 0: at most this many key rows per attention tile (checks)
+    int attn_tk;                    // > 0: at most this many key rows per attention tile and the
+                                    // ranges as many tiles (checks); 0: ranges spread over the SMs
+    int attn_min_keys;              // with attn_tk 0: the fewest keys a range takes
     const int* pos;                 // the step's position (step_io[1]; every attention's `pos`)
 };
 
-static_assert(sizeof(StreamParams) == 80, "StreamParams is mirrored by the host");
+static_assert(sizeof(StreamParams) == 88, "StreamParams is mirrored by the host");
 
 // The consumer warps as a thread group (gemv_prologue, group_sum) with their own barrier.
 struct ConsumerThreads {
@@ -650,9 +652,12 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // copied into shared memory (the GEMV input area, free once this SM's QKV share is done)
 // *before* the wait for the QKV projection, so after the wait the item costs one round trip
 // for its q/k/v inputs and none for its keys (the single-kernel step's items take ~12 dependent
-// global loads, ~24 us per layer in this kernel). Ranges are as long as the staging area holds
-// (`tk` rows; longer ones run in several tiles with an online softmax), so an E4B sliding layer
-// (head dim 256, 512 keys) is 25 ranges per KV head. The ranges' partials are merged after
+// global loads, ~24 us per layer in this kernel). The ranges spread over the SMs, one item an
+// SM at most and at least min_keys keys each (an E4B sliding layer, head dim 256, 512 keys on
+// 132 SMs: 64 ranges of 8 keys per KV head; ranges as long as the staging area holds, 20 keys,
+// had left 80 of the 132 SMs without an item and ran 540.4 against 556.4 tok/s, docs/performance.md,
+// twenty-first session); a range longer than the staging area's `tk` rows runs in several tiles
+// with an online softmax. The ranges' partials are merged after
 // every SM has stored its own (a counter per operation, `done + n_ops`), each SM merging a
 // slice of the heads' outputs, so no SM reads all of a head's partials. Same arithmetic as
 // attn_item (scores, online softmax and p.V in key order; the merge's sums in another order).
@@ -677,7 +682,8 @@ struct SsaLayout {
 // and of V. The position (step_io, read once at the kernel's start: `pos`) was written by the
 // previous step or the host (the step's last operation advances it), so this may run before the
 // wait. Mirrored by the host's size check (runner/stream.rs `stream_config`).
-__device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, int avail, int tk_max, int pos) {
+__device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, int avail, int tk_max, int min_keys,
+                                                int pos) {
     SsaLayout L;
     L.r = a.nh / a.nkv;
     L.hd = a.hd;
@@ -688,6 +694,13 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
     L.tk = (avail - fixed) / (2 * L.hd + L.r);  // >= 1 (checked by the host: stream_config)
     if (tk_max > 0) L.tk = min(L.tk, tk_max);
     int s0 = min((L.n_keys + L.tk - 1) / L.tk, ATTN_MAX_SPLITS);
+    if (tk_max <= 0) {
+        // Ranges spread over the SMs, one item an SM at most (gridDim.x / nkv per KV head), and
+        // at least min_keys keys a range: shorter items, the longest ones (more keys than the
+        // staging area holds) run as tiles of one item instead of a second item on some SMs.
+        const int mk = max(1, min_keys);
+        s0 = min(min((L.n_keys + mk - 1) / mk, max(1, (int)gridDim.x / a.nkv)), ATTN_MAX_SPLITS);
+    }
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
     float* p = xs;
@@ -757,8 +770,9 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
-__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int pos, SsaLayout& keep) {
-    const SsaLayout L = ssa_layout(a, xs, avail, tk_max, pos);
+__device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int min_keys, int pos,
+                             SsaLayout& keep) {
+    const SsaLayout L = ssa_layout(a, xs, avail, tk_max, min_keys, pos);
     // Kept for ssa_op after the wait (the operation's barrier publishes it): worked out again
     // there, its five dependent divisions were most of an item SM's 0.74 us before its first
     // loads (kept: +1.0% a step, docs/performance.md, nineteenth session).
@@ -1172,7 +1186,7 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, pos_s, lay);
+        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);

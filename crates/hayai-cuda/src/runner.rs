@@ -897,7 +897,7 @@ mod tests {
         assert_eq!(gemv_smem(10240, false, false), 40960);
         assert_eq!(std::mem::size_of::<AttnParams>(), 184);
         assert_eq!(std::mem::size_of::<StepParams>(), 40);
-        assert_eq!(std::mem::size_of::<StreamParams>(), 80);
+        assert_eq!(std::mem::size_of::<StreamParams>(), 88);
         assert_eq!(std::mem::size_of::<crate::stream_layout::SmShare>(), 36);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);

@@ -162,9 +162,14 @@ pub(crate) struct StreamParams {
     pub(crate) n_ops: i32,
     pub(crate) n_gemv: i32,
     pub(crate) x_floats: i32,
-    /// Positive: at most this many key rows per attention tile (`HAYAI_STREAM_ATTN_TK`, for
-    /// checks of the several-tile and several-range paths on short contexts); 0: no limit.
+    /// Positive: at most this many key rows per attention tile and ranges of as many tiles as
+    /// the staging area allows (`HAYAI_STREAM_ATTN_TK`, for checks of the several-tile and
+    /// several-range paths on short contexts); 0: tiles as large as the staging area holds.
     pub(crate) attn_tk: i32,
+    /// With `attn_tk` 0, the fewest keys an attention range takes (the ranges otherwise spread
+    /// over the SMs, one item an SM at most): [`STREAM_ATTN_MIN_KEYS`], or
+    /// `HAYAI_STREAM_ATTN_MIN_KEYS` for measurements.
+    pub(crate) attn_min_keys: i32,
     /// The step's position (`step_io[1]`, every attention's `pos`), read once at the start.
     pub(crate) pos: u64,
 }

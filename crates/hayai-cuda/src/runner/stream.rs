@@ -122,6 +122,10 @@ impl CudaRunner {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            attn_min_keys: std::env::var("HAYAI_STREAM_ATTN_MIN_KEYS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(STREAM_ATTN_MIN_KEYS),
             pos,
         };
         let launch = |p: &StreamParams| {
@@ -286,6 +290,11 @@ fn stream_attn_rows(x_floats: usize, r: usize, hd: usize) -> usize {
 fn stream_attn_fixed(r: usize, hd: usize) -> usize {
     (2 * r + 3) * hd + 4 * STREAM_ATTN_MAX_GROUP + 4
 }
+
+/// The fewest keys a range of the streamed step's attention takes where the context allows
+/// (kernels/stream_step.cu `ssa_layout`). 1, 4 and 8 measured alike on E4B shapes (556.2-556.4
+/// tok/s, H200, docs/performance.md, twenty-first session); 8 keeps short contexts' merges small.
+pub(crate) const STREAM_ATTN_MIN_KEYS: i32 = 8;
 
 /// Key rows per range the streamed step's attention is sized for at least.
 const STREAM_ATTN_MIN_ROWS: usize = 8;
