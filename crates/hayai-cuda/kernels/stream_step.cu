@@ -60,25 +60,6 @@
 #else
 #define SS_CELL_DP4A 0
 #endif
-// SS_X_PACKED=1 (a measurement build, -DSS_X_PACKED=1; not yet run, off; sm_90's dp4a cells
-// only): a group's int8 input stored lane quad by lane quad, so a dp4a lane's four input word
-// pairs are two 16-byte loads instead of four 8-byte ones, and its integer sum (times 8) and
-// scale one 8-byte load instead of two: 20 shared-memory loads a pair of cells become 14. The
-// cells' loads and the ring's refills keep the SM's shared memory ~60% busy (twentieth
-// session: ~24 wavefronts a cell at ~0.21 us a cell a warp). The same arithmetic.
-#ifndef SS_X_PACKED
-#define SS_X_PACKED 0
-#endif
-#define SS_XP (SS_X_PACKED && SS_CELL_DP4A)
-// SS_CELL_PREFETCH=1 (a measurement build, -DSS_CELL_PREFETCH=1; not yet run, off; sm_90's dp4a
-// cells, one-unit-a-warp passes): a warp loads its next pair of cells into registers before it
-// sums the current pair, so the shared-memory loads' latency hides behind the sums instead of
-// every pair waiting for its own loads (the eighteenth session's profile: short scoreboard 19% of
-// the cells' samples). Its ring release moves one pair earlier. The same arithmetic.
-#ifndef SS_CELL_PREFETCH
-#define SS_CELL_PREFETCH 0
-#endif
-#define SS_PF (SS_CELL_PREFETCH && SS_CELL_DP4A)
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -276,30 +257,25 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
 }
 
 #if SS_CELL_DP4A
-// B entry t of a lane's quad from its two 16-byte loads (SS_XP's order).
-__device__ __forceinline__ uint2 ss_xp_entry(const uint4* xv, int t) {
-    return t & 1 ? make_uint2(xv[t >> 1].z, xv[t >> 1].w) : make_uint2(xv[t >> 1].x, xv[t >> 1].y);
-}
-// A dp4a cell's two rows for this lane (ss_cell): its 8 weight words against B entries bv(0..3).
+// A dp4a cell's two rows for this lane (ss_cell): its 8 weight words against its quad's four B entries.
 // Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
 // xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the whole
 // words' dot (dw) less da is 16 times row g + 8's, one mask a word. Each lane keeps its own float
 // sums, the quad's four added once a pass (before the rows are stored) instead of its integer
 // dots by 4 shuffles a cell (~5% of a cell's instructions, on its dependency chain): +0.8% a step
 // (twentieth session). Each cell's four products are rounded apart (parity within the same
-// bounds). Lane c = 0 takes the nibbles' offset (SS_XP: xs8 is already 8 x the sum).
-template <class Bv>
-__device__ __forceinline__ void ss_dp4a_dots(const uint32_t* ws, Bv bv, int xs8, int lane, float& fa, float& fb) {
+// bounds). Lane c = 0 takes the nibbles' offset.
+__device__ __forceinline__ void ss_dp4a_dots(const uint32_t* ws, const uint2* xb, int xs8, int lane, float& fa, float& fb) {
     int da = 0, dw = 0;
 #pragma unroll
     for (int t = 0; t < 4; t++) {
-        const uint2 b = bv(t);
+        const uint2 b = xb[t * 4];
         da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, b.x, da);
         dw = dp4a_u8s8(ws[2 * t], b.x, dw);
         da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, b.y, da);
         dw = dp4a_u8s8(ws[2 * t + 1], b.y, dw);
     }
-    const int off = (lane & 3) == 0 ? (SS_XP ? xs8 : 8 * xs8) : 0;
+    const int off = (lane & 3) == 0 ? 8 * xs8 : 0;
     fa = (float)(da - off);
     fb = (float)(((dw - da) >> 4) - off);
 }
@@ -321,12 +297,7 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
 #if SS_CELL_DP4A
     float fa, fb;
-#if SS_XP
-    const uint4 xv[2] = {((const uint4*)xb)[0], ((const uint4*)xb)[1]};
-    ss_dp4a_dots(ws, [&](int t) { return ss_xp_entry(xv, t); }, xs8, lane, fa, fb);
-#else
-    ss_dp4a_dots(ws, [&](int t) { return xb[t * 4]; }, xs8, lane, fa, fb);
-#endif
+    ss_dp4a_dots(ws, xb, xs8, lane, fa, fb);
 #else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
@@ -344,39 +315,6 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     acc_b = fmaf(fb, sb * xsc, acc_b);
 }
 
-#if SS_PF
-// A dp4a cell's operands in registers (ss_cell's loads), then their sums (ss_cell's arithmetic):
-// apart, so a loop can load one pair of cells while it sums the previous.
-struct SsCellIn {
-    uint4 w0, w1;
-    float sa, sb;
-    uint2 bv[4];
-};
-__device__ __forceinline__ SsCellIn ss_cell_load(const uint4* cp, const uint2* xb, int lane) {
-    SsCellIn c;
-    c.w0 = cp[lane], c.w1 = cp[32 + lane];
-    const uint16_t* sc = (const uint16_t*)(cp + 64);
-    const int g = lane >> 2;
-    c.sa = __uint_as_float((uint32_t)sc[g] << 16), c.sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
-#if SS_XP
-    const uint4 xv[2] = {((const uint4*)xb)[0], ((const uint4*)xb)[1]};
-#pragma unroll
-    for (int t = 0; t < 4; t++) c.bv[t] = ss_xp_entry(xv, t);
-#else
-#pragma unroll
-    for (int t = 0; t < 4; t++) c.bv[t] = xb[t * 4];
-#endif
-    return c;
-}
-__device__ __forceinline__ void ss_cell_sum(const SsCellIn& c, int xs8, float xsc, int lane, float& acc_a,
-                                            float& acc_b) {
-    const uint32_t ws[8] = {c.w0.x, c.w0.y, c.w0.z, c.w0.w, c.w1.x, c.w1.y, c.w1.z, c.w1.w};
-    float fa, fb;
-    ss_dp4a_dots(ws, [&](int t) { return c.bv[t]; }, xs8, lane, fa, fb);
-    acc_a = fmaf(fa, c.sa * xsc, acc_a);
-    acc_b = fmaf(fb, c.sb * xsc, acc_b);
-}
-#endif
 
 struct SsPass {
     int np, kw, rounds;
@@ -403,33 +341,22 @@ __device__ __forceinline__ void ss_unit_at(const SmShare& sh, int tiles, int idx
 struct SsShared {
     float red[2][SS_NW][16];  // a pass's per-warp row sums (alternating: no barrier between passes' uses)
     float sred[32];           // group_sum scratch
-#if SS_XP
-    int2 xsp[SS_MAXG];        // per input group: 8 x the integer sum of the quantized x, the scale's bits
-#else
     int xs8[SS_MAXG];         // per input group: integer sum of the quantized x
     float xsc[SS_MAXG];       // per input group: x scale max|x| / 127
-#endif
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
 };
 
 // Where a lane reads input group grp's B entries for ss_cell (in ss_gemv: xf, sm, lane): the mma
 // takes x from lanes 0-3 (B's column 0) and zeros elsewhere; the dp4a cell (SS_CELL_DP4A) every
 // lane's quad's words.
-#if SS_XP
-#define SS_XB(grp) (xf + (grp) * 16 + (lane & 3) * 4)
-#elif SS_CELL_DP4A
+#if SS_CELL_DP4A
 #define SS_XB(grp) (xf + (grp) * 16 + (lane & 3))
 #else
 #define SS_XB(grp) (lane < 4 ? xf + (grp) * 16 + lane : sm.xzero)
 #endif
-// Group grp's integer x sum (8 x it with SS_XP) and x scale.
-#if SS_XP
-#define SS_X8(grp) (sm.xsp[grp].x)
-#define SS_XC(grp) (__int_as_float(sm.xsp[grp].y))
-#else
+// Group grp's integer x sum and x scale.
 #define SS_X8(grp) (sm.xs8[grp])
 #define SS_XC(grp) (sm.xsc[grp])
-#endif
 
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
 // the groups this SM multiplies, then its units' cells from the ring, the rows of each pass stored
@@ -456,20 +383,12 @@ __device__ __forceinline__ void ss_constants_async(const GemvParams& g, float* x
 // Group grp's quantized x (this lane's 4 values q) as B entries, its integer sum qs and scale.
 __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp, const int q[4], int qs, float m,
                                                int lane) {
-#if SS_XP
-    ((uint32_t*)xf)[((grp * 4 + (lane & 3)) * 4 + (lane >> 3)) * 2 + ((lane >> 2) & 1)] =
-#else
     ((uint32_t*)xf)[((grp * 4 + (lane >> 3)) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)] =
-#endif
         (uint32_t)(q[0] & 255) | (uint32_t)(q[1] & 255) << 8 | (uint32_t)(q[2] & 255) << 16 |
         (uint32_t)(q[3] & 255) << 24;
     if (lane == 0) {
-#if SS_XP
-        sm.xsp[grp] = make_int2(8 * qs, __float_as_int(m / 127.f));
-#else
         sm.xs8[grp] = qs;
         sm.xsc[grp] = m / 127.f;
-#endif
     }
 }
 
@@ -522,71 +441,27 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 unsigned pos = pb + (unsigned)ti, slot = pos % RC;
                 const uint2* xb = SS_XB(gofs);
                 const int xstep = SS_CELL_DP4A || lane < 4 ? 16 : 0;
-#if SS_XP
-                const int2* xp = sm.xsp + gofs;
-#define SS_LX8(r) (xp[r].x)
-#define SS_LXC(r) (__int_as_float(xp[r].y))
-#else
                 const int* x8 = sm.xs8 + gofs;
                 const float* xc = sm.xsc + gofs;
-#define SS_LX8(r) (x8[r])
-#define SS_LXC(r) (xc[r])
-#endif
                 int r = 0;
-#if SS_PF
-                // Pair r's operands (a0, a1) are in registers when its sums begin; pair r + 2's
-                // are loaded first (its chunks released up to it: pair r's are read).
-                if (gu >= 2) {
-                    unsigned slot1 = slot + np;
-                    if (slot1 >= RC) slot1 -= RC;
-                    R.release_to(pos);
-                    R.land((pos + np) / SS_CH);
-                    SsCellIn a0 = ss_cell_load(R.cells + slot * SS_CELL_U4, xb, lane);
-                    SsCellIn a1 = ss_cell_load(R.cells + slot1 * SS_CELL_U4, xb + xstep, lane);
-                    for (; r + 1 < gu; r += 2) {
-                        unsigned nslot = slot1 + np;
-                        if (nslot >= RC) nslot -= RC;
-                        unsigned nslot1 = nslot + np;
-                        if (nslot1 >= RC) nslot1 -= RC;
-                        SsCellIn b0 = a0, b1 = a1;
-                        if (r + 3 < gu) {
-                            R.release_to(pos + 2 * np);
-                            R.land((pos + 3 * np) / SS_CH);
-                            b0 = ss_cell_load(R.cells + nslot * SS_CELL_U4, xb + 2 * xstep, lane);
-                            b1 = ss_cell_load(R.cells + nslot1 * SS_CELL_U4, xb + 3 * xstep, lane);
-                        }
-                        ss_cell_sum(a0, SS_LX8(r), SS_LXC(r), lane, acc_a, acc_b);
-                        ss_cell_sum(a1, SS_LX8(r + 1), SS_LXC(r + 1), lane, acc_a, acc_b);
-                        a0 = b0;
-                        a1 = b1;
-                        xb += 2 * xstep;
-                        pos += 2 * np;
-                        slot = nslot;
-                        slot1 = nslot1;
-                    }
-                }
-#else
                 for (; r + 1 < gu; r += 2) {
                     unsigned slot1 = slot + np;
                     if (slot1 >= RC) slot1 -= RC;
                     R.release_to(pos);
                     R.land((pos + np) / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, SS_LX8(r), SS_LXC(r), lane, acc_a, acc_b);
-                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, SS_LX8(r + 1), SS_LXC(r + 1), lane,
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[r + 1], xc[r + 1], lane,
                             acc_a, acc_b);
                     xb += 2 * xstep;
                     pos += 2 * np;
                     slot = slot1 + np;
                     if (slot >= RC) slot -= RC;
                 }
-#endif
                 if (r < gu) {
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, SS_LX8(r), SS_LXC(r), lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
                 }
-#undef SS_LX8
-#undef SS_LXC
             } else {
                 // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
                 int r = 0;

@@ -617,51 +617,48 @@ mod tests {
                 .map(|v| if v == i8::MIN { 0 } else { v })
                 .collect();
             // Quantization lane l's four values (columns 4l ..) as the kernel stores them: the
-            // B-fragment order, or lane quad by lane quad (SS_X_PACKED builds: entry (t, c) at
-            // c 4 + t instead of t 4 + c).
-            for packed in [false, true] {
-                let at = |t: usize, c: usize| if packed { c * 4 + t } else { t * 4 + c };
-                let mut xf = [0u32; 64];
-                for l in 0..32 {
-                    let w = (0..4).fold(0u32, |w, i| w | (x[4 * l + i] as u8 as u32) << (8 * i));
-                    xf[at(l >> 3, l & 3) * 2 + ((l >> 2) & 1)] = w;
+            // B-fragment order, entry (t, c) at t 4 + c.
+            let at = |t: usize, c: usize| t * 4 + c;
+            let mut xf = [0u32; 64];
+            for l in 0..32 {
+                let w = (0..4).fold(0u32, |w, i| w | (x[4 * l + i] as u8 as u32) << (8 * i));
+                xf[at(l >> 3, l & 3) * 2 + ((l >> 2) & 1)] = w;
+            }
+            let dp4a = |a: u32, b: u32, c: i32| {
+                (0..4).fold(c, |s, i| {
+                    s + ((a >> (8 * i)) & 255) as i32 * ((b >> (8 * i)) as u8 as i8) as i32
+                })
+            };
+            let word = |lane: usize, j: usize| {
+                let o = ((j / 4) * 32 + lane) * 16 + (j % 4) * 4;
+                u32::from_le_bytes(cell[o..o + 4].try_into().unwrap())
+            };
+            let (mut da, mut dw) = ([0i32; 32], [0i32; 32]);
+            for lane in 0..32 {
+                let c = lane & 3;
+                for t in 0..4 {
+                    let (bx, by) = (xf[at(t, c) * 2], xf[at(t, c) * 2 + 1]);
+                    let (w0, w1) = (word(lane, 2 * t), word(lane, 2 * t + 1));
+                    da[lane] = dp4a(w1 & 0x0F0F_0F0F, by, dp4a(w0 & 0x0F0F_0F0F, bx, da[lane]));
+                    dw[lane] = dp4a(w1, by, dp4a(w0, bx, dw[lane]));
                 }
-                let dp4a = |a: u32, b: u32, c: i32| {
-                    (0..4).fold(c, |s, i| {
-                        s + ((a >> (8 * i)) & 255) as i32 * ((b >> (8 * i)) as u8 as i8) as i32
-                    })
+            }
+            let xs8: i32 = x.iter().map(|&v| v as i32).sum();
+            for g in 0..8 {
+                let a: i32 = (0..4).map(|c| da[4 * g + c]).sum();
+                let w: i32 = (0..4).map(|c| dw[4 * g + c]).sum();
+                let dot = |r: usize| -> i32 {
+                    (0..GROUP)
+                        .map(|k| m.q(r, group * GROUP + k) as i32 * x[k] as i32)
+                        .sum()
                 };
-                let word = |lane: usize, j: usize| {
-                    let o = ((j / 4) * 32 + lane) * 16 + (j % 4) * 4;
-                    u32::from_le_bytes(cell[o..o + 4].try_into().unwrap())
-                };
-                let (mut da, mut dw) = ([0i32; 32], [0i32; 32]);
-                for lane in 0..32 {
-                    let c = lane & 3;
-                    for t in 0..4 {
-                        let (bx, by) = (xf[at(t, c) * 2], xf[at(t, c) * 2 + 1]);
-                        let (w0, w1) = (word(lane, 2 * t), word(lane, 2 * t + 1));
-                        da[lane] = dp4a(w1 & 0x0F0F_0F0F, by, dp4a(w0 & 0x0F0F_0F0F, bx, da[lane]));
-                        dw[lane] = dp4a(w1, by, dp4a(w0, bx, dw[lane]));
-                    }
-                }
-                let xs8: i32 = x.iter().map(|&v| v as i32).sum();
-                for g in 0..8 {
-                    let a: i32 = (0..4).map(|c| da[4 * g + c]).sum();
-                    let w: i32 = (0..4).map(|c| dw[4 * g + c]).sum();
-                    let dot = |r: usize| -> i32 {
-                        (0..GROUP)
-                            .map(|k| m.q(r, group * GROUP + k) as i32 * x[k] as i32)
-                            .sum()
-                    };
-                    assert_eq!(a - 8 * xs8, dot(g), "group {group} row {g}");
-                    assert_eq!(
-                        ((w - a) >> 4) - 8 * xs8,
-                        dot(g + 8),
-                        "group {group} row {}",
-                        g + 8
-                    );
-                }
+                assert_eq!(a - 8 * xs8, dot(g), "group {group} row {g}");
+                assert_eq!(
+                    ((w - a) >> 4) - 8 * xs8,
+                    dot(g + 8),
+                    "group {group} row {}",
+                    g + 8
+                );
             }
         }
     }
