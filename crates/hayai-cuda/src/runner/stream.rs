@@ -118,14 +118,8 @@ impl CudaRunner {
             n_ops: n as i32,
             n_gemv: n_gemv as i32,
             x_floats: x_floats as i32,
-            attn_tk: std::env::var("HAYAI_STREAM_ATTN_TK")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-            attn_min_keys: std::env::var("HAYAI_STREAM_ATTN_MIN_KEYS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(STREAM_ATTN_MIN_KEYS),
+            attn_tk: env_i32("HAYAI_STREAM_ATTN_TK").unwrap_or(0),
+            attn_min_keys: env_i32("HAYAI_STREAM_ATTN_MIN_KEYS").unwrap_or(STREAM_ATTN_MIN_KEYS),
             pos,
         };
         let launch = |p: &StreamParams| {
@@ -289,6 +283,11 @@ fn stream_attn_rows(x_floats: usize, r: usize, hd: usize) -> usize {
 /// key and value, RoPE's table, per head m, l and correction (room for 8 heads), 4 spare.
 fn stream_attn_fixed(r: usize, hd: usize) -> usize {
     (2 * r + 3) * hd + 4 * STREAM_ATTN_MAX_GROUP + 4
+}
+
+/// A measurement or check setting of the streamed step (ignored unless an integer).
+fn env_i32(var: &str) -> Option<i32> {
+    std::env::var(var).ok().and_then(|v| v.parse().ok())
 }
 
 /// The fewest keys a range of the streamed step's attention takes where the context allows
