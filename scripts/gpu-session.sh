@@ -17,8 +17,12 @@
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
 #         vparity: `gpu_check stream` (parity) of the measurement builds named in PARITY (.gpu/gpu_check_NAME);
 #         rotate: `gpu_check bench-stream` of the default and of the builds in ROTATE (paths, e.g.
-#         .gpu/gpu_check_old from .gpz/gpu_check_old.gz) alternated, ROUNDS rounds (2), no run
+#         .gpu/gpu_check_old from .gpz/gpu_check_old.gz, or VAR=VALUE: the default binary with
+#         that setting, e.g. HAYAI_STREAM_ATTN_TK=8) alternated, ROUNDS rounds (2), no run
 #         begun after ROTATE_BUDGET s (~50 s a run);
+#         long: the streamed step at a long context through `hayai bench-engine` (carry
+#         .gpu/hayai.gz; LONG_PROMPT tokens, 2048, + 256), the default alternated with each
+#         VAR=VALUE setting in LONG_ENV, LONG_ROUNDS rounds (1);
 #         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
 #         split into 2-32 words, reduction links by integer atomics and bulk reductions; ~1 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
@@ -180,7 +184,25 @@ run() {
         # ROTATE_BUDGET: no run begins after that many seconds of the stage (a call's limit).
         [ "$SECONDS" -lt "$((t0 + ${ROTATE_BUDGET:-100000}))" ] || break 2
         echo "-- $c" | tee -a "$out/session.log"
-        timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+        if [[ "$c" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
+          env "$c" timeout 100 "$C" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+        else
+          timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+        fi
+      done
+    done
+  fi
+  if has long; then
+    # The streamed step where the attention's ranges are capped by the SM count on every rule
+    # (docs/performance.md, twenty-first session's next steps).
+    stage "streamed step, ${LONG_PROMPT:-2048} + 256 tokens: the default and ${LONG_ENV:-}"
+    local r e
+    for ((r = 0; r < ${LONG_ROUNDS:-1}; r++)); do
+      for e in "" ${LONG_ENV:-}; do
+        echo "-- ${e:-default}" | tee -a "$out/session.log"
+        env ${e:+"$e"} timeout 150 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4-a8 \
+          --streamed-step --prompt-len "${LONG_PROMPT:-2048}" --gen 256 2>&1 | grep -E "tok/s|rror" |
+          tee -a "$out/session.log"
       done
     done
   fi
