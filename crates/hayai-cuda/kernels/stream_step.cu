@@ -256,31 +256,6 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
     return d;
 }
 
-#if SS_CELL_DP4A
-// A dp4a cell's two rows for this lane (ss_cell): its 8 weight words against its quad's four B entries.
-// Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
-// xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the whole
-// words' dot (dw) less da is 16 times row g + 8's, one mask a word. Each lane keeps its own float
-// sums, the quad's four added once a pass (before the rows are stored) instead of its integer
-// dots by 4 shuffles a cell (~5% of a cell's instructions, on its dependency chain): +0.8% a step
-// (twentieth session). Each cell's four products are rounded apart (parity within the same
-// bounds). Lane c = 0 takes the nibbles' offset.
-__device__ __forceinline__ void ss_dp4a_dots(const uint32_t* ws, const uint2* xb, int xs8, int lane, float& fa, float& fb) {
-    int da = 0, dw = 0;
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const uint2 b = xb[t * 4];
-        da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, b.x, da);
-        dw = dp4a_u8s8(ws[2 * t], b.x, dw);
-        da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, b.y, da);
-        dw = dp4a_u8s8(ws[2 * t + 1], b.y, dw);
-    }
-    const int off = (lane & 3) == 0 ? 8 * xs8 : 0;
-    fa = (float)(da - off);
-    fb = (float)(((dw - da) >> 4) - off);
-}
-#endif
-
 // One cell: this warp's 16 rows times the group's int8 x (sm_90 by dp4a, else on the integer
 // tensor cores: SS_CELL_DP4A). Lane
 // (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8 (high nibble) at columns
@@ -296,8 +271,24 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     const int g = lane >> 2;
     const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
 #if SS_CELL_DP4A
-    float fa, fb;
-    ss_dp4a_dots(ws, xb, xs8, lane, fa, fb);
+    // Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
+    // xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the whole
+    // words' dot (dw) less da is 16 times row g + 8's, one mask a word. Each lane keeps its own
+    // float sums, the quad's four added once a pass (ss_gemv, before the rows are stored) instead
+    // of its integer dots by 4 shuffles a cell (~5% of a cell's instructions, on its dependency
+    // chain): +0.8% a step (twentieth session). Each cell's four products are rounded apart
+    // (parity within the same bounds). Lane c = 0 takes the nibbles' offset.
+    int da = 0, dw = 0;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint2 bv = xb[t * 4];
+        da = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, bv.x, da);
+        dw = dp4a_u8s8(ws[2 * t], bv.x, dw);
+        da = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, bv.y, da);
+        dw = dp4a_u8s8(ws[2 * t + 1], bv.y, dw);
+    }
+    const int off = (lane & 3) == 0 ? 8 * xs8 : 0;
+    const float fa = (float)(da - off), fb = (float)(((dw - da) >> 4) - off);
 #else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
@@ -314,7 +305,6 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     acc_a = fmaf(fa, sa * xsc, acc_a);
     acc_b = fmaf(fb, sb * xsc, acc_b);
 }
-
 
 struct SsPass {
     int np, kw, rounds;
@@ -354,9 +344,6 @@ struct SsShared {
 #else
 #define SS_XB(grp) (lane < 4 ? xf + (grp) * 16 + lane : sm.xzero)
 #endif
-// Group grp's integer x sum and x scale.
-#define SS_X8(grp) (sm.xs8[grp])
-#define SS_XC(grp) (sm.xsc[grp])
 
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
 // the groups this SM multiplies, then its units' cells from the ring, the rows of each pass stored
@@ -473,10 +460,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
                     R.release_to(p0);
                     R.land(p1 / SS_CH);
-                    ss_cell(R.cell(p0), SS_XB(gofs + ga), SS_X8(gofs + ga),
-                            SS_XC(gofs + ga), lane, acc_a, acc_b);
-                    ss_cell(R.cell(p1), SS_XB(gofs + gb), SS_X8(gofs + gb),
-                            SS_XC(gofs + gb), lane, acc_a, acc_b);
+                    ss_cell(R.cell(p0), SS_XB(gofs + ga), sm.xs8[gofs + ga],
+                            sm.xsc[gofs + ga], lane, acc_a, acc_b);
+                    ss_cell(R.cell(p1), SS_XB(gofs + gb), sm.xs8[gofs + gb],
+                            sm.xsc[gofs + gb], lane, acc_a, acc_b);
                 }
                 for (; r < q.rounds; r++) {
                     const int grp = r * q.kw + sl;
@@ -485,8 +472,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cell(pos), SS_XB(gofs + grp), SS_X8(gofs + grp),
-                            SS_XC(gofs + grp), lane, acc_a, acc_b);
+                    ss_cell(R.cell(pos), SS_XB(gofs + grp), sm.xs8[gofs + grp],
+                            sm.xsc[gofs + grp], lane, acc_a, acc_b);
                 }
             }
 #if SS_CELL_DP4A

@@ -616,13 +616,11 @@ mod tests {
                 })
                 .map(|v| if v == i8::MIN { 0 } else { v })
                 .collect();
-            // Quantization lane l's four values (columns 4l ..) as the kernel stores them: the
-            // B-fragment order, entry (t, c) at t 4 + c.
-            let at = |t: usize, c: usize| t * 4 + c;
+            // Quantization lane l's four values (columns 4l ..) as the kernel stores them.
             let mut xf = [0u32; 64];
             for l in 0..32 {
                 let w = (0..4).fold(0u32, |w, i| w | (x[4 * l + i] as u8 as u32) << (8 * i));
-                xf[at(l >> 3, l & 3) * 2 + ((l >> 2) & 1)] = w;
+                xf[((l >> 3) * 4 + (l & 3)) * 2 + ((l >> 2) & 1)] = w;
             }
             let dp4a = |a: u32, b: u32, c: i32| {
                 (0..4).fold(c, |s, i| {
@@ -637,7 +635,7 @@ mod tests {
             for lane in 0..32 {
                 let c = lane & 3;
                 for t in 0..4 {
-                    let (bx, by) = (xf[at(t, c) * 2], xf[at(t, c) * 2 + 1]);
+                    let (bx, by) = (xf[(t * 4 + c) * 2], xf[(t * 4 + c) * 2 + 1]);
                     let (w0, w1) = (word(lane, 2 * t), word(lane, 2 * t + 1));
                     da[lane] = dp4a(w1 & 0x0F0F_0F0F, by, dp4a(w0 & 0x0F0F_0F0F, bx, da[lane]));
                     dw[lane] = dp4a(w1, by, dp4a(w0, bx, dw[lane]));
