@@ -560,7 +560,9 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
         // Ranges spread over the SMs, one item an SM at most (gridDim.x / nkv per KV head), and
         // at least min_keys keys a range: shorter items, the longest ones (more keys than the
         // staging area holds) run as tiles of one item instead of a second item on some SMs.
-        const int mk = max(1, min_keys);
+        // (min_keys at most a tile's rows: an 8-key range at head dim 512, 7 rows a tile, would
+        // run as tiles of 7 and 1.)
+        const int mk = max(1, min(min_keys, L.tk));
         s0 = min(min((L.n_keys + mk - 1) / mk, max(1, (int)gridDim.x / a.nkv)), ATTN_MAX_SPLITS);
     }
     L.chunk = (L.n_keys + s0 - 1) / s0;
@@ -593,14 +595,16 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
 // copies from the fresh k/v it computed. Where the cache is a donor's (a KV-shared layer) its
 // newest row comes with phase 0: the donor's attention, an earlier layer's, is at least two
 // operations back (this layer's QKV projection comes between).
-__device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh) {
+// Phase 0 by warps w0 .. SS_NW - 1 (ssa_prestage leaves warp 0, which polls, out).
+__device__ void ssa_stage(const AttnParams& a, const SsaLayout& L, int g, int kb, int nr, int phase, bool fresh,
+                          int w0 = 0) {
     const int tid = threadIdx.x, hd = L.hd, c4 = hd >> 2;
     const float* K = a.k_cache + (size_t)g * a.cap * hd;
     const float* V = a.v_cache + (size_t)g * a.cap * hd;
     if (phase == 0) {
         const int warp = tid >> 5, lane = tid & 31;
         for (int kv = 0; kv < 2; kv++) {  // the K rows' group, then the V rows'
-            for (int row = warp; row < nr; row += SS_NW) {
+            for (int row = warp - w0; row < nr; row += SS_NW - w0) {
                 const int kp = L.first + kb + row;
                 if (kp == L.pos && a.own_kv) continue;  // this step's, computed by its item
                 const size_t src = (size_t)(kp % a.cap) * hd;
@@ -632,28 +636,39 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
+// All of it by warps 1 .. SS_NW - 1: warp 0's thread 0 polls for the QKV projection, and on the
+// SM that publishes QKV last its poll followed this work (the inverse frequencies' round trip
+// before the sines, the divisions): every SM took ~2.4 us from its QKV publication to its wait
+// against ~1 us before a GEMV's; now 0.8 us, and 558.5-560.4 against 555.0-557.3 tok/s with the
+// min-keys cap in ssa_layout (twenty-second session). What the attention waits for after that
+// is its K rows from memory (ready ~2.3 us after the projection, a GEMV ~0.9); pulling them
+// into L2 one operation earlier, by the warp that stages the next record, measured slower
+// (551.3-552.0 against 560.8-560.9), docs/performance.md.
 __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int min_keys, int pos,
                              SsaLayout& keep) {
+    constexpr int NT = (SS_NW - 1) * 32;
+    const int t = (int)threadIdx.x - 32;
+    if (t < 0) return;
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, min_keys, pos);
     // Kept for ssa_op after the wait (the operation's barrier publishes it): worked out again
     // there, its five dependent divisions were most of an item SM's 0.74 us before its first
     // loads (kept: +1.0% a step, docs/performance.md, nineteenth session).
-    if (threadIdx.x == 0) keep = L;
+    if (t == 0) keep = L;
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
     // The norm weights as a cp.async group of their own, before the tile's (the operation's
     // first wait takes it: stream_body).
     if (ssa_norm_smem(a, L)) {
-        for (int i = threadIdx.x; i < (L.hd >> 2); i += SS_NW * 32) {
+        for (int i = t; i < (L.hd >> 2); i += NT) {
             if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
             if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
         }
     }
     cp_async_commit();
-    for (int i = threadIdx.x; i < (L.hd >> 1); i += SS_NW * 32)
+    for (int i = t; i < (L.hd >> 1); i += NT)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
     const int j = it % L.S, k0 = j * L.chunk, k1 = min(L.n_keys, k0 + L.chunk);
-    ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false);
+    ssa_stage(a, L, it / L.S, k0, min(L.tk, k1 - k0), 0, false, 1);
 }
 
 // The query heads of KV head g (and, for the item holding the newest key of its own cache, that

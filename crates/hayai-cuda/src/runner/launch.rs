@@ -167,7 +167,7 @@ pub(crate) struct StreamParams {
     /// several-range paths on short contexts); 0: tiles as large as the staging area holds.
     pub(crate) attn_tk: i32,
     /// With `attn_tk` 0, the fewest keys an attention range takes (the ranges otherwise spread
-    /// over the SMs, one item an SM at most): [`STREAM_ATTN_MIN_KEYS`], or
+    /// over the SMs, one item an SM at most; no more than a tile's rows): [`STREAM_ATTN_MIN_KEYS`], or
     /// `HAYAI_STREAM_ATTN_MIN_KEYS` for measurements.
     pub(crate) attn_min_keys: i32,
     /// The step's position (`step_io[1]`, every attention's `pos`), read once at the start.

@@ -291,8 +291,9 @@ fn env_i32(var: &str) -> Option<i32> {
 }
 
 /// The fewest keys a range of the streamed step's attention takes where the context allows
-/// (kernels/stream_step.cu `ssa_layout`). 1, 4 and 8 measured alike on E4B shapes (556.2-556.4
-/// tok/s, H200, docs/performance.md, twenty-first session); 8 keeps short contexts' merges small.
+/// (kernels/stream_step.cu `ssa_layout`, which caps it at a tile's rows). 1, 4 and 8 measured
+/// alike on E4B shapes (556.2-556.4 tok/s, H200, docs/performance.md, twenty-first session); 8
+/// keeps short contexts' merges small.
 pub(crate) const STREAM_ATTN_MIN_KEYS: i32 = 8;
 
 /// Key rows per range the streamed step's attention is sized for at least.
