@@ -29,7 +29,8 @@
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
 #         .gpu/hayai.gz; ~2 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
-#         .gpu/gpu_check_tl; scripts/stream_timeline.py prints the critical path; ~1 min);
+#         .gpu/gpu_check_tl, or the builds in TL_BINS; scripts/stream_timeline.py prints the
+#         critical path; ~1 min each);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
@@ -232,8 +233,15 @@ run() {
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
     # Carry .gpu/gpu_check_tl.
     stage "streamed step timeline (SS_TIMELINE=1)"
-    HAYAI_STREAM_TIMELINE="$out/tl.bin" timeout 120 .gpu/gpu_check_tl bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
-    python3 scripts/stream_timeline.py "$out/tl.bin" 2>&1 | tee -a "$out/session.log"
+    # TL_BINS: the timeline builds to run (default .gpu/gpu_check_tl; e.g. a measurement build's
+    # made with -DSS_TIMELINE=1 by `MEASURE=... prepare`, .gpu/gpu_check_NAME).
+    local tb n=0
+    for tb in ${TL_BINS:-.gpu/gpu_check_tl}; do
+      echo "-- $tb" | tee -a "$out/session.log"
+      HAYAI_STREAM_TIMELINE="$out/tl$n.bin" timeout 120 "$tb" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+      python3 scripts/stream_timeline.py "$out/tl$n.bin" 2>&1 | tee -a "$out/session.log"
+      n=$((n + 1))
+    done
   fi
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"

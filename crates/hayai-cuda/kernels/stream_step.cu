@@ -60,6 +60,14 @@
 #else
 #define SS_CELL_DP4A 0
 #endif
+// SS_ATTN_EARLY=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_ATTN_EARLY=1; off): the
+// attention's first tile, norm weights and inverse frequencies requested once the QKV
+// projection's input is quantized (ssa_early) instead of after its publication: the
+// attention's SMs waited ~1.4 us longer than a GEMV's, for those K rows from memory.
+#ifndef SS_ATTN_EARLY
+#define SS_ATTN_EARLY 0
+#endif
+
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
 // [SS_TL_SLOTS] = its wait begins, its input is ready, its GEMV input is quantized, it is done
@@ -379,10 +387,11 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
-template <int NCH>
+// after_quant: run by the consumers once the input is quantized (the x area free from there).
+template <int NCH, class AfterQuant>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats, unsigned long long* tl) {
+                        int x_floats, unsigned long long* tl, AfterQuant after_quant) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -405,6 +414,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
     ss_tl_at(tl, 2);
+    after_quant();
 
     const unsigned base = sh.first_cell;
     for (int p = 0; p * SS_NW < nt; p++, pc++) {
@@ -567,6 +577,11 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
     }
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
+#if SS_ATTN_EARLY
+    // Tiles no longer than a range: the V rows right after the range's K rows, so a short
+    // range's tile ends within the x area (ssa_early).
+    L.tk = min(L.tk, L.chunk);
+#endif
     float* p = xs;
     L.q = p;
     p += L.r * L.hd;
@@ -636,6 +651,36 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
 // the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
 // docs/performance.md, fourteenth session.)
+// SS_ATTN_EARLY: ssa_prestage's copies (the inverse frequencies into the sines' half of `cs`,
+// with the norm weights' group) issued by warps 1 .. SS_NW - 1 during the QKV projection, once
+// its input is quantized, where the first tile ends within the x area (`x_floats`; the int8
+// fragments after it are the projection's until its cells are done). `staged` tells
+// ssa_prestage what is left: the sines.
+__device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_floats, int tk_max, int min_keys,
+                          int pos, SsaLayout& keep, int& staged) {
+    constexpr int NT = (SS_NW - 1) * 32;
+    const int t = (int)threadIdx.x - 32;
+    if (t < 0) return;
+    const SsaLayout L = ssa_layout(a, xs, avail, tk_max, min_keys, pos);
+    const int it = blockIdx.x;
+    if (it >= a.nkv * L.S) return;
+    const int j = it % L.S, k0 = j * L.chunk, nr = min(L.tk, min(L.n_keys, k0 + L.chunk) - k0);
+    if (L.vt + (size_t)nr * L.hd > xs + x_floats) return;
+    if (t == 0) {
+        keep = L;
+        staged = 1;
+    }
+    if (ssa_norm_smem(a, L)) {
+        for (int i = t; i < (L.hd >> 2); i += NT) {
+            if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
+            if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
+        }
+    }
+    for (int i = t; i < (L.hd >> 3); i += NT) cp_async16(L.cs + (L.hd >> 1) + 4 * i, a.inv_freq + 4 * i);
+    cp_async_commit();
+    ssa_stage(a, L, it / L.S, k0, nr, 0, false, 1);
+}
+
 // All of it by warps 1 .. SS_NW - 1: warp 0's thread 0 polls for the QKV projection, and on the
 // SM that publishes QKV last its poll followed this work (the inverse frequencies' round trip
 // before the sines, the divisions): every SM took ~2.4 us from its QKV publication to its wait
@@ -645,10 +690,24 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
 // into L2 one operation earlier, by the warp that stages the next record, measured slower
 // (551.3-552.0 against 560.8-560.9), docs/performance.md.
 __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int min_keys, int pos,
-                             SsaLayout& keep) {
+                             SsaLayout& keep, int* staged) {
     constexpr int NT = (SS_NW - 1) * 32;
     const int t = (int)threadIdx.x - 32;
     if (t < 0) return;
+    if (SS_ATTN_EARLY && *staged) {
+        // ssa_early's copies are in flight: the sines from this thread's own inverse frequencies
+        // (its oldest group), the values read before they are overwritten.
+        const SsaLayout& L = keep;
+        const int h2 = L.hd >> 1;
+        cp_async_wait<2>();
+        for (int i = t; i < (L.hd >> 3); i += NT) {
+            const float4 f = *(const float4*)(L.cs + h2 + 4 * i);
+            const float fv[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+            for (int u = 0; u < 4; u++) sincosf((float)L.pos * fv[u], &L.cs[h2 + 4 * i + u], &L.cs[4 * i + u]);
+        }
+        return;  // (stream_body clears `staged` after the wait's barrier)
+    }
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, min_keys, pos);
     // Kept for ssa_op after the wait (the operation's barrier publishes it): worked out again
     // there, its five dependent divisions were most of an item SM's 0.74 us before its first
@@ -998,6 +1057,12 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
+#if SS_ATTN_EARLY
+    __shared__ int lay_staged;  // ssa_early has requested the attention's copies
+#define SS_LAY_STAGED (&lay_staged)
+#else
+#define SS_LAY_STAGED ((int*)nullptr)
+#endif
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -1034,6 +1099,9 @@ __device__ void stream_body(const StreamParams& P) {
         pos_s = pos;
     }
     if (tid < SS_NW) wdone_w[tid] = 0;
+#if SS_ATTN_EARLY
+    if (tid == 0) lay_staged = 0;
+#endif
     if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
     __syncthreads();
@@ -1063,7 +1131,8 @@ __device__ void stream_body(const StreamParams& P) {
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
-        if (op.kind == STEP_ATTN) ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay);
+        if (op.kind == STEP_ATTN)
+            ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay, SS_LAY_STAGED);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
@@ -1076,12 +1145,25 @@ __device__ void stream_body(const StreamParams& P) {
         // gain (docs/decisions.md).
         if (op.kind == STEP_ATTN) cp_async_wait<1>();
         ct.sync();
+#if SS_ATTN_EARLY
+        if (op.kind == STEP_ATTN && tid == 0) lay_staged = 0;  // every thread has read it (ssa_prestage)
+#endif
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
+#if SS_ATTN_EARLY
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, [&]() {
+                if (k + 1 < P.n_ops) {
+                    const StepOp& nx = *(const StepOp*)op_stage[(k + 1) & 1];
+                    if (nx.kind == STEP_ATTN)
+                        ssa_early(nx.a, xs, avail, P.x_floats, P.attn_tk, P.attn_min_keys, pos_s, lay, lay_staged);
+                }
+            });
+#else
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, []() {});
+#endif
         } else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
