@@ -646,11 +646,6 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
     return L.r >= 2 && (((uintptr_t)a.q_norm | (uintptr_t)a.k_norm) & 15) == 0;
 }
 
-// Before the wait: the first item's norm weights, RoPE's cosines and sines at pos (as
-// norm_rope_heads computes them) and its first tile. (Worked out after the wait instead,
-// while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
-// the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
-// docs/performance.md, fourteenth session.)
 // SS_ATTN_EARLY: ssa_prestage's copies (the inverse frequencies into the sines' half of `cs`,
 // with the norm weights' group) issued by warps 1 .. SS_NW - 1 during the QKV projection, once
 // its input is quantized, where the first tile ends within the x area (`x_floats`; the int8
@@ -681,6 +676,11 @@ __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_float
     ssa_stage(a, L, it / L.S, k0, nr, 0, false, 1);
 }
 
+// Before the wait: the first item's norm weights, RoPE's cosines and sines at pos (as
+// norm_rope_heads computes them) and its first tile. (Worked out after the wait instead,
+// while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
+// the position read once per launch, attention inputs 0.142 -> 0.185 ms a step;
+// docs/performance.md, fourteenth session.)
 // All of it by warps 1 .. SS_NW - 1: warp 0's thread 0 polls for the QKV projection, and on the
 // SM that publishes QKV last its poll followed this work (the inverse frequencies' round trip
 // before the sines, the divisions): every SM took ~2.4 us from its QKV publication to its wait
