@@ -646,6 +646,15 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
     return L.r >= 2 && (((uintptr_t)a.q_norm | (uintptr_t)a.k_norm) & 15) == 0;
 }
 
+// The first item's norm weights into the p.V accumulators' area (ssa_norm_smem), by threads t of nt.
+__device__ __forceinline__ void ssa_copy_norms(const AttnParams& a, const SsaLayout& L, int t, int nt) {
+    if (!ssa_norm_smem(a, L)) return;
+    for (int i = t; i < (L.hd >> 2); i += nt) {
+        if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
+        if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
+    }
+}
+
 // SS_ATTN_EARLY: ssa_prestage's copies (the inverse frequencies into the sines' half of `cs`,
 // with the norm weights' group) issued by warps 1 .. SS_NW - 1 during the QKV projection, once
 // its input is quantized, where the first tile ends within the x area (`x_floats`; the int8
@@ -665,12 +674,7 @@ __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_float
         keep = L;
         staged = 1;
     }
-    if (ssa_norm_smem(a, L)) {
-        for (int i = t; i < (L.hd >> 2); i += NT) {
-            if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
-            if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
-        }
-    }
+    ssa_copy_norms(a, L, t, NT);
     for (int i = t; i < (L.hd >> 3); i += NT) cp_async16(L.cs + (L.hd >> 1) + 4 * i, a.inv_freq + 4 * i);
     cp_async_commit();
     ssa_stage(a, L, it / L.S, k0, nr, 0, false, 1);
@@ -717,12 +721,7 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
     if (it >= a.nkv * L.S) return;
     // The norm weights as a cp.async group of their own, before the tile's (the operation's
     // first wait takes it: stream_body).
-    if (ssa_norm_smem(a, L)) {
-        for (int i = t; i < (L.hd >> 2); i += NT) {
-            if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
-            if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
-        }
-    }
+    ssa_copy_norms(a, L, t, NT);
     cp_async_commit();
     for (int i = t; i < (L.hd >> 1); i += NT)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
