@@ -63,9 +63,16 @@
 // SS_ATTN_EARLY=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_ATTN_EARLY=1; off): the
 // attention's first tile, norm weights and inverse frequencies requested once the QKV
 // projection's input is quantized (ssa_early) instead of after its publication: the
-// attention's SMs waited ~1.4 us longer than a GEMV's, for those K rows from memory.
+// attention's SMs waited ~1.4 us longer than a GEMV's, for those K rows from memory. As bulk
+// copies completing on an mbarrier (sm_90; below it the default path): as cp.async they made
+// every SM's QKV store phase wait for them (twenty-third session, docs/performance.md).
 #ifndef SS_ATTN_EARLY
 #define SS_ATTN_EARLY 0
+#endif
+#if SS_ATTN_EARLY && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SS_EARLY_BULK 1
+#else
+#define SS_EARLY_BULK 0
 #endif
 
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
@@ -577,7 +584,7 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
     }
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
-#if SS_ATTN_EARLY
+#if SS_EARLY_BULK
     // Tiles no longer than a range: the V rows right after the range's K rows, so a short
     // range's tile ends within the x area (ssa_early).
     L.tk = min(L.tk, L.chunk);
@@ -655,29 +662,78 @@ __device__ __forceinline__ void ssa_copy_norms(const AttnParams& a, const SsaLay
     }
 }
 
+// SS_ATTN_EARLY: the attention's copies requested during the QKV projection.
+struct SsaEarly {
+    uint64_t bar;   // the copies' mbarrier (one arrival: the expected bytes)
+    unsigned uses;  // its phases begun (the copies in flight wait on phase uses - 1)
+    int staged;     // this attention's copies are requested (ssa_prestage: only the sines left)
+};
+
 // SS_ATTN_EARLY: ssa_prestage's copies (the inverse frequencies into the sines' half of `cs`,
-// with the norm weights' group) issued by warps 1 .. SS_NW - 1 during the QKV projection, once
-// its input is quantized, where the first tile ends within the x area (`x_floats`; the int8
-// fragments after it are the projection's until its cells are done). `staged` tells
-// ssa_prestage what is left: the sines.
+// the norm weights, the first tile's K and V rows) issued by warp 1 as bulk copies during the
+// QKV projection, once its input is quantized, where the first tile ends within the x area
+// (`x_floats`; the int8 fragments after it are the projection's until its cells are done).
+// A lane a copy, each completing on `e.bar`.
 __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_floats, int tk_max, int min_keys,
-                          int pos, SsaLayout& keep, int& staged) {
-    constexpr int NT = (SS_NW - 1) * 32;
-    const int t = (int)threadIdx.x - 32;
-    if (t < 0) return;
+                          int pos, SsaLayout& keep, SsaEarly& e) {
+#if SS_EARLY_BULK
+    if ((threadIdx.x >> 5) != 1) return;
+    const int lane = threadIdx.x & 31;
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, min_keys, pos);
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
-    const int j = it % L.S, k0 = j * L.chunk, nr = min(L.tk, min(L.n_keys, k0 + L.chunk) - k0);
-    if (L.vt + (size_t)nr * L.hd > xs + x_floats) return;
-    if (t == 0) {
+    const int hd = L.hd, g = it / L.S, j = it % L.S, k0 = j * L.chunk;
+    const int nr = min(L.tk, min(L.n_keys, k0 + L.chunk) - k0);
+    if (L.vt + (size_t)nr * hd > xs + x_floats) return;
+    const unsigned row = (unsigned)hd * 4u;
+    const bool norms = ssa_norm_smem(a, L);
+    // Copies: 0 the inverse frequencies, 1 and 2 the q and k norm weights, then per key row its
+    // K and V rows (not this step's row, computed by its item).
+    const int own = a.own_kv && L.pos >= L.first + k0 && L.pos < L.first + k0 + nr ? 1 : 0;
+    const unsigned bytes = row / 2 + (norms && a.q_norm ? row : 0u) + (norms && a.k_norm ? row : 0u) +
+                           2u * (unsigned)(nr - own) * row;
+    const float* K = a.k_cache + (size_t)g * a.cap * hd;
+    const float* V = a.v_cache + (size_t)g * a.cap * hd;
+    const unsigned bar = ss_smem(&e.bar);
+    if (lane == 0) {
         keep = L;
-        staged = 1;
+        e.staged = 1;
+        e.uses++;
+        asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(bar),
+                     "r"(bytes)
+                     : "memory");
     }
-    ssa_copy_norms(a, L, t, NT);
-    for (int i = t; i < (L.hd >> 3); i += NT) cp_async16(L.cs + (L.hd >> 1) + 4 * i, a.inv_freq + 4 * i);
-    cp_async_commit();
-    ssa_stage(a, L, it / L.S, k0, nr, 0, false, 1);
+    __syncwarp();
+    // The x area's earlier reads and writes (generic proxy) before the copies' writes (async).
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    for (int c = lane; c < 3 + 2 * nr; c += 32) {
+        const float* src;
+        float* dst;
+        unsigned n = row;
+        if (c == 0) {
+            src = a.inv_freq;
+            dst = L.cs + (hd >> 1);
+            n = row / 2;
+        } else if (c < 3) {
+            if (!norms) continue;
+            src = c == 1 ? a.q_norm : a.k_norm;
+            if (!src) continue;
+            dst = L.o + (c - 1) * hd;
+        } else {
+            const int rr = (c - 3) >> 1, kp = L.first + k0 + rr;
+            if (kp == L.pos && a.own_kv) continue;
+            const bool isv = (c - 3) & 1;
+            src = (isv ? V : K) + (size_t)(kp % a.cap) * hd;
+            dst = (isv ? L.vt : L.kt) + rr * hd;
+        }
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         ss_smem(dst)),
+                     "l"(src), "r"(n), "r"(bar)
+                     : "memory");
+    }
+#else
+    (void)a, (void)xs, (void)avail, (void)x_floats, (void)tk_max, (void)min_keys, (void)pos, (void)keep, (void)e;
+#endif
 }
 
 // Before the wait: the first item's norm weights, RoPE's cosines and sines at pos (as
@@ -694,16 +750,18 @@ __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_float
 // into L2 one operation earlier, by the warp that stages the next record, measured slower
 // (551.3-552.0 against 560.8-560.9), docs/performance.md.
 __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int min_keys, int pos,
-                             SsaLayout& keep, int* staged) {
+                             SsaLayout& keep, SsaEarly* early) {
     constexpr int NT = (SS_NW - 1) * 32;
     const int t = (int)threadIdx.x - 32;
     if (t < 0) return;
-    if (SS_ATTN_EARLY && *staged) {
-        // ssa_early's copies are in flight: the sines from this thread's own inverse frequencies
-        // (its oldest group), the values read before they are overwritten.
+    if (SS_EARLY_BULK && early->staged) {
+        // ssa_early's copies are in flight: once they land, the sines from the inverse
+        // frequencies, each thread's values read before it overwrites them. (Thread 0 polls
+        // meanwhile; the operation's barrier after its poll orders the copies before its use.)
         const SsaLayout& L = keep;
         const int h2 = L.hd >> 1;
-        cp_async_wait<2>();
+        while (!mbar_done(&early->bar, (early->uses - 1) & 1u)) {
+        }
         for (int i = t; i < (L.hd >> 3); i += NT) {
             const float4 f = *(const float4*)(L.cs + h2 + 4 * i);
             const float fv[4] = {f.x, f.y, f.z, f.w};
@@ -1056,11 +1114,11 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
-#if SS_ATTN_EARLY
-    __shared__ int lay_staged;  // ssa_early has requested the attention's copies
-#define SS_LAY_STAGED (&lay_staged)
+#if SS_EARLY_BULK
+    __shared__ SsaEarly early;  // ssa_early's copies
+#define SS_EARLY_PTR (&early)
 #else
-#define SS_LAY_STAGED ((int*)nullptr)
+#define SS_EARLY_PTR ((SsaEarly*)nullptr)
 #endif
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
@@ -1098,8 +1156,13 @@ __device__ void stream_body(const StreamParams& P) {
         pos_s = pos;
     }
     if (tid < SS_NW) wdone_w[tid] = 0;
-#if SS_ATTN_EARLY
-    if (tid == 0) lay_staged = 0;
+#if SS_EARLY_BULK
+    if (tid == 0) {
+        early.staged = 0;
+        early.uses = 0;
+        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(ss_smem(&early.bar)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
 #endif
     if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
@@ -1131,7 +1194,7 @@ __device__ void stream_body(const StreamParams& P) {
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
         if (op.kind == STEP_ATTN)
-            ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay, SS_LAY_STAGED);
+            ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay, SS_EARLY_PTR);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
@@ -1144,20 +1207,20 @@ __device__ void stream_body(const StreamParams& P) {
         // gain (docs/decisions.md).
         if (op.kind == STEP_ATTN) cp_async_wait<1>();
         ct.sync();
-#if SS_ATTN_EARLY
-        if (op.kind == STEP_ATTN && tid == 0) lay_staged = 0;  // every thread has read it (ssa_prestage)
+#if SS_EARLY_BULK
+        if (op.kind == STEP_ATTN && tid == 0) early.staged = 0;  // every thread has read it (ssa_prestage)
 #endif
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
-#if SS_ATTN_EARLY
+#if SS_EARLY_BULK
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, [&]() {
                 if (k + 1 < P.n_ops) {
                     const StepOp& nx = *(const StepOp*)op_stage[(k + 1) & 1];
                     if (nx.kind == STEP_ATTN)
-                        ssa_early(nx.a, xs, avail, P.x_floats, P.attn_tk, P.attn_min_keys, pos_s, lay, lay_staged);
+                        ssa_early(nx.a, xs, avail, P.x_floats, P.attn_tk, P.attn_min_keys, pos_s, lay, early);
                 }
             });
 #else
