@@ -133,6 +133,27 @@ def main():
             for label, r in res.items():
                 ms = [x * 1e-6 for x in r[1:]]
                 print(f"{label:<28}{r[0]:>4}" + "".join(f"{x:8.3f}" for x in ms))
+        # Every SM's last two GEMV phases (µs, p50 and p90 over SMs and layers): its cells
+        # (quantized input to the last pass's barrier) and the rest (its sums stored, the closing
+        # barrier). The rest is ~0.26 µs; outstanding cp.async reads on the SM held it back until
+        # they landed (twenty-third session, docs/performance.md).
+        allsm = OrderedDict()
+        for k, (kernel, label) in enumerate(meta["ops"]):
+            if kernel != "gemv":
+                continue
+            for s in range(nsm):
+                q, c, d = op(s, k, 2), op(s, k, 7), op(s, k, 3)
+                if q and c and d and d >= c >= q:
+                    v = allsm.setdefault(label, ([], []))
+                    v[0].append(c - q)
+                    v[1].append(d - c)
+        if allsm:
+            print(f"{'GEMV (every SM, us)':<28}{'n':>6}{'cells p50':>11}{'p90':>7}{'store p50':>11}{'p90':>7}")
+            for label, (cv, sv) in allsm.items():
+                cv.sort()
+                sv.sort()
+                print(f"{label:<28}{len(cv):>6}{pct_us(cv, 0.5):11.2f}{pct_us(cv, 0.9):7.2f}"
+                      f"{pct_us(sv, 0.5):11.2f}{pct_us(sv, 0.9):7.2f}")
         # The ring behind each GEMV on the SM that published last (medians over layers): its
         # chunks, how many had landed when its input was quantized, and when (µs after that) the
         # last was issued and landed and the GEMV was done: a chunk can only be issued once the

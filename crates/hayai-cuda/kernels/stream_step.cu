@@ -673,7 +673,7 @@ struct SsaEarly {
 // the norm weights, the first tile's K and V rows) issued by warp 1 as bulk copies during the
 // QKV projection, once its input is quantized, where the first tile ends within the x area
 // (`x_floats`; the int8 fragments after it are the projection's until its cells are done).
-// A lane a copy, each completing on `e.bar`.
+// A lane a copy (at most 7), each completing on `e.bar`.
 __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_floats, int tk_max, int min_keys,
                           int pos, SsaLayout& keep, SsaEarly& e) {
 #if SS_EARLY_BULK
@@ -687,11 +687,13 @@ __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_float
     if (L.vt + (size_t)nr * hd > xs + x_floats) return;
     const unsigned row = (unsigned)hd * 4u;
     const bool norms = ssa_norm_smem(a, L);
-    // Copies: 0 the inverse frequencies, 1 and 2 the q and k norm weights, then per key row its
-    // K and V rows (not this step's row, computed by its item).
-    const int own = a.own_kv && L.pos >= L.first + k0 && L.pos < L.first + k0 + nr ? 1 : 0;
+    // Copies: 0 the inverse frequencies, 1 and 2 the q and k norm weights, then the K rows and
+    // the V rows as one copy each, two where the range wraps around the cache (not this step's
+    // row, the range's last if any, computed by its item).
+    const int own = a.own_kv && L.first + k0 + nr - 1 == L.pos ? 1 : 0;
+    const int nc = nr - own, p0 = (L.first + k0) % a.cap, n1 = min(nc, a.cap - p0);
     const unsigned bytes = row / 2 + (norms && a.q_norm ? row : 0u) + (norms && a.k_norm ? row : 0u) +
-                           2u * (unsigned)(nr - own) * row;
+                           2u * (unsigned)nc * row;
     const float* K = a.k_cache + (size_t)g * a.cap * hd;
     const float* V = a.v_cache + (size_t)g * a.cap * hd;
     const unsigned bar = ss_smem(&e.bar);
@@ -704,33 +706,33 @@ __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_float
                      : "memory");
     }
     __syncwarp();
+    if (lane >= 7) return;
     // The x area's earlier reads and writes (generic proxy) before the copies' writes (async).
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    for (int c = lane; c < 3 + 2 * nr; c += 32) {
-        const float* src;
-        float* dst;
-        unsigned n = row;
-        if (c == 0) {
-            src = a.inv_freq;
-            dst = L.cs + (hd >> 1);
-            n = row / 2;
-        } else if (c < 3) {
-            if (!norms) continue;
-            src = c == 1 ? a.q_norm : a.k_norm;
-            if (!src) continue;
-            dst = L.o + (c - 1) * hd;
-        } else {
-            const int rr = (c - 3) >> 1, kp = L.first + k0 + rr;
-            if (kp == L.pos && a.own_kv) continue;
-            const bool isv = (c - 3) & 1;
-            src = (isv ? V : K) + (size_t)(kp % a.cap) * hd;
-            dst = (isv ? L.vt : L.kt) + rr * hd;
-        }
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         ss_smem(dst)),
-                     "l"(src), "r"(n), "r"(bar)
-                     : "memory");
+    const float* src;
+    float* dst;
+    unsigned n;
+    if (lane == 0) {
+        src = a.inv_freq;
+        dst = L.cs + (hd >> 1);
+        n = row / 2;
+    } else if (lane < 3) {
+        src = lane == 1 ? a.q_norm : a.k_norm;
+        if (!norms || !src) return;
+        dst = L.o + (lane - 1) * hd;
+        n = row;
+    } else {
+        const bool isv = lane & 1, wrap = lane >= 5;  // 3 K, 4 V; 5 and 6 the wrapped rest
+        const int rows = wrap ? nc - n1 : n1;
+        if (rows <= 0) return;
+        src = (isv ? V : K) + (size_t)(wrap ? 0 : p0) * hd;
+        dst = (isv ? L.vt : L.kt) + (wrap ? n1 : 0) * hd;
+        n = (unsigned)rows * row;
     }
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     ss_smem(dst)),
+                 "l"(src), "r"(n), "r"(bar)
+                 : "memory");
 #else
     (void)a, (void)xs, (void)avail, (void)x_floats, (void)tk_max, (void)min_keys, (void)pos, (void)keep, (void)e;
 #endif
