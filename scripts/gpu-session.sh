@@ -234,11 +234,12 @@ run() {
     # Carry .gpu/gpu_check_tl.
     stage "streamed step timeline (SS_TIMELINE=1)"
     # TL_BINS: the timeline builds to run (default .gpu/gpu_check_tl; e.g. a measurement build's
-    # made with -DSS_TIMELINE=1 by `MEASURE=... prepare`, .gpu/gpu_check_NAME).
+    # made with -DSS_TIMELINE=1 by `MEASURE=... prepare`, .gpu/gpu_check_NAME); TL_TIMEOUT: the
+    # limit per build in s (120; a compute_80 PTX-only build compiles at its first load first).
     local tb n=0
     for tb in ${TL_BINS:-.gpu/gpu_check_tl}; do
       echo "-- $tb" | tee -a "$out/session.log"
-      HAYAI_STREAM_TIMELINE="$out/tl$n.bin" timeout 120 "$tb" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+      HAYAI_STREAM_TIMELINE="$out/tl$n.bin" timeout "${TL_TIMEOUT:-120}" "$tb" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
       python3 scripts/stream_timeline.py "$out/tl$n.bin" 2>&1 | tee -a "$out/session.log"
       n=$((n + 1))
     done
