@@ -74,6 +74,14 @@
 #else
 #define SS_EARLY_BULK 0
 #endif
+// SS_ATTN_OVERLAP=1 (a measurement build; off): the attention's wait for its first tile's K rows
+// and norm weights (cp.async, requested by ssa_prestage) moved from before the operation's
+// barrier to after its q/k/v partials' loads are issued (ssa_inputs), so their round trips
+// overlap: the timeline has the attention's SMs ready ~1.8 us after they begin waiting, for
+// those copies, and the partials' loads take ~1.15 us (p50) after that.
+#ifndef SS_ATTN_OVERLAP
+#define SS_ATTN_OVERLAP 0
+#endif
 
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
@@ -804,7 +812,11 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = NP ? 64 * NP : L.hd, half = hd >> 1,
               np = NP ? NP : half >> 5;
     const int jobs = L.r + (fresh ? 2 : 0);
-    for (int jb = warp; jb < jobs; jb += SS_NW) {
+    // SS_ATTN_OVERLAP: one pass, a job a warp (jobs <= SSA_MAXR + 2 <= SS_NW), every warp at the
+    // barrier between the loads and the rest.
+    static_assert(!SS_ATTN_OVERLAP || SSA_MAXR + 2 <= SS_NW, "one job a warp");
+    for (int jb = warp; SS_ATTN_OVERLAP ? jb == warp : jb < jobs; jb += SS_NW) {
+        const bool has = SS_ATTN_OVERLAP ? jb < jobs : true;
         const float* src;
         float* dst;
         const float* w;
@@ -827,13 +839,14 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         float x0[MAXP], x1[MAXP];
 #pragma unroll
         for (int m = 0; m < MAXP; m++) {
-            if (m < np) {
+            if (SS_ATTN_OVERLAP) x0[m] = x1[m] = 0.f;  // (a warp without a job)
+            if (has && m < np) {
                 const int i = lane + 32 * m;
                 x0[m] = __ldcg(src + i);
                 x1[m] = __ldcg(src + i + half);
             }
         }
-        for (int s = 1; s < a.qkv_splits; s++) {
+        for (int s = 1; has && s < a.qkv_splits; s++) {
             const float* sp = src + (size_t)s * a.qkv_ld;
 #pragma unroll
             for (int m = 0; m < MAXP; m++) {
@@ -849,6 +862,13 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
             if (m < np) ss += x0[m] * x0[m] + x1[m] * x1[m];
         ss = warp_sum(ss);
         if (jb == 0) ss_tl_at(tl, 8);  // thread 0's partials landed (SS_TIMELINE)
+        if (SS_ATTN_OVERLAP) {
+            // This thread's copies (the norm weights' group and the tile's K rows), then every
+            // thread's (the V rows may still land).
+            cp_async_wait<1>();
+            ConsumerThreads{}.sync();
+            if (!has) continue;
+        }
         const float rs = norm ? rsqrtf(ss / (float)hd + a.eps) : 1.f;
 #pragma unroll
         for (int m = 0; m < MAXP; m++) {
@@ -1206,8 +1226,8 @@ __device__ void stream_body(const StreamParams& P) {
         }
         // The norm weights' group and the tile's K rows (the V rows may stay in flight; an SM
         // without an item committed none). Waiting for the norm weights alone here measured no
-        // gain (docs/decisions.md).
-        if (op.kind == STEP_ATTN) cp_async_wait<1>();
+        // gain (docs/decisions.md). SS_ATTN_OVERLAP: in ssa_inputs, after the q/k/v loads.
+        if (op.kind == STEP_ATTN && !SS_ATTN_OVERLAP) cp_async_wait<1>();
         ct.sync();
 #if SS_EARLY_BULK
         if (op.kind == STEP_ATTN && tid == 0) early.staged = 0;  // every thread has read it (ssa_prestage)
