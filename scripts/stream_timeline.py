@@ -12,9 +12,9 @@ Per operation (summed over layers by label) the step's critical path is split at
 published last: the link (the previous operation's last publication to that SM's start), its
 prologue (start to quantized input, GEMVs only), its work, and how much of the work its ring
 made it wait (the last chunk holding its cells landed after its input was ready). Times in ms.
-Then every SM's GEMV cells and store phases (µs), the links from every SM's view (µs): when SMs were ready and began waiting after the
-previous operation's last publication, and how long each took from its own publication to its
-next wait.
+Then every SM's GEMV cells and store phases (µs), and the links from every SM's view (µs): when
+SMs were ready and began waiting after the previous operation's last publication, and how long
+each took from its own publication to its next wait.
 """
 import json
 import struct
