@@ -167,11 +167,12 @@ run() {
   fi
   if has vparity; then
     # The streamed step's parity of measurement builds (PARITY="NAME ...": .gpu/gpu_check_NAME,
-    # unpacked from .gpz), ~90 s each.
+    # unpacked from .gpz), ~90 s each; VPARITY_TIMEOUT: the limit per build (150 s; a compute_80
+    # PTX-only build compiles at its first load first).
     stage "streamed step parity: ${PARITY:-}"
     local v
     for v in ${PARITY:-}; do
-      timeout 150 ".gpu/gpu_check_$v" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | cut -c1-220 | sed "s/^/$v /" |
+      timeout "${VPARITY_TIMEOUT:-150}" ".gpu/gpu_check_$v" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | cut -c1-220 | sed "s/^/$v /" |
         tee -a "$out/session.log"
     done
   fi
