@@ -661,15 +661,6 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
     return L.r >= 2 && (((uintptr_t)a.q_norm | (uintptr_t)a.k_norm) & 15) == 0;
 }
 
-// The first item's norm weights into the p.V accumulators' area (ssa_norm_smem), by threads t of nt.
-__device__ __forceinline__ void ssa_copy_norms(const AttnParams& a, const SsaLayout& L, int t, int nt) {
-    if (!ssa_norm_smem(a, L)) return;
-    for (int i = t; i < (L.hd >> 2); i += nt) {
-        if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
-        if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
-    }
-}
-
 // SS_ATTN_EARLY: the attention's copies requested during the QKV projection.
 struct SsaEarly {
     uint64_t bar;   // the copies' mbarrier (one arrival: the expected bytes)
@@ -789,7 +780,12 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
     if (it >= a.nkv * L.S) return;
     // The norm weights as a cp.async group of their own, before the tile's (the operation's
     // first wait takes it: stream_body).
-    ssa_copy_norms(a, L, t, NT);
+    if (ssa_norm_smem(a, L)) {
+        for (int i = t; i < (L.hd >> 2); i += NT) {
+            if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
+            if (a.k_norm) cp_async16(L.o + L.hd + 4 * i, a.k_norm + 4 * i);
+        }
+    }
     cp_async_commit();
     for (int i = t; i < (L.hd >> 1); i += NT)
         sincosf((float)L.pos * a.inv_freq[i], &L.cs[(L.hd >> 1) + i], &L.cs[i]);
@@ -1237,6 +1233,8 @@ __device__ void stream_body(const StreamParams& P) {
         ss_tl_at(tl, 1);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
+            // (Two calls: one with the early copies' lambda left dead by SS_EARLY_BULK 0 changes
+            // the default's register allocation, so the default would not be the build measured.)
 #if SS_EARLY_BULK
             ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, [&]() {
                 if (k + 1 < P.n_ops) {
