@@ -60,28 +60,6 @@
 #else
 #define SS_CELL_DP4A 0
 #endif
-// SS_ATTN_EARLY=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_ATTN_EARLY=1; off): the
-// attention's first tile, norm weights and inverse frequencies requested once the QKV
-// projection's input is quantized (ssa_early) instead of after its publication: the
-// attention's SMs waited ~1.4 us longer than a GEMV's, for those K rows from memory. As bulk
-// copies completing on an mbarrier (sm_90; below it the default path): as cp.async they made
-// every SM's QKV store phase wait for them (twenty-third session, docs/performance.md).
-#ifndef SS_ATTN_EARLY
-#define SS_ATTN_EARLY 0
-#endif
-#if SS_ATTN_EARLY && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define SS_EARLY_BULK 1
-#else
-#define SS_EARLY_BULK 0
-#endif
-// SS_ATTN_OVERLAP=1 (a measurement build; off): the attention's wait for its first tile's K rows
-// and norm weights (cp.async, requested by ssa_prestage) moved from before the operation's
-// barrier to after its q/k/v partials' loads are issued (ssa_inputs), so their round trips
-// overlap: the timeline has the attention's SMs ready ~1.8 us after they begin waiting, for
-// those copies, and the partials' loads take ~1.15 us (p50) after that.
-#ifndef SS_ATTN_OVERLAP
-#define SS_ATTN_OVERLAP 0
-#endif
 
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
@@ -402,11 +380,10 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
-// after_quant: run by the consumers once the input is quantized (the x area free from there).
-template <int NCH, class AfterQuant>
+template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats, unsigned long long* tl, AfterQuant after_quant) {
+                        int x_floats, unsigned long long* tl) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -429,7 +406,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
     ss_tl_at(tl, 2);
-    after_quant();
 
     const unsigned base = sh.first_cell;
     for (int p = 0; p * SS_NW < nt; p++, pc++) {
@@ -592,11 +568,6 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
     }
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
-#if SS_EARLY_BULK
-    // Tiles no longer than a range: the V rows right after the range's K rows, so a short
-    // range's tile ends within the x area (ssa_early).
-    L.tk = min(L.tk, L.chunk);
-#endif
     float* p = xs;
     L.q = p;
     p += L.r * L.hd;
@@ -661,82 +632,6 @@ __device__ __forceinline__ bool ssa_norm_smem(const AttnParams& a, const SsaLayo
     return L.r >= 2 && (((uintptr_t)a.q_norm | (uintptr_t)a.k_norm) & 15) == 0;
 }
 
-// SS_ATTN_EARLY: the attention's copies requested during the QKV projection.
-struct SsaEarly {
-    uint64_t bar;   // the copies' mbarrier (one arrival: the expected bytes)
-    unsigned uses;  // its phases begun (the copies in flight wait on phase uses - 1)
-    int staged;     // this attention's copies are requested (ssa_prestage: only the sines left)
-};
-
-// SS_ATTN_EARLY: ssa_prestage's copies (the inverse frequencies into the sines' half of `cs`,
-// the norm weights, the first tile's K and V rows) issued by warp 1 as bulk copies during the
-// QKV projection, once its input is quantized, where the first tile ends within the x area
-// (`x_floats`; the int8 fragments after it are the projection's until its cells are done).
-// A lane a copy (at most 7), each completing on `e.bar`.
-__device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_floats, int tk_max, int min_keys,
-                          int pos, SsaLayout& keep, SsaEarly& e) {
-#if SS_EARLY_BULK
-    if ((threadIdx.x >> 5) != 1) return;
-    const int lane = threadIdx.x & 31;
-    const SsaLayout L = ssa_layout(a, xs, avail, tk_max, min_keys, pos);
-    const int it = blockIdx.x;
-    if (it >= a.nkv * L.S) return;
-    const int hd = L.hd, g = it / L.S, j = it % L.S, k0 = j * L.chunk;
-    const int nr = min(L.tk, min(L.n_keys, k0 + L.chunk) - k0);
-    if (L.vt + (size_t)nr * hd > xs + x_floats) return;
-    const unsigned row = (unsigned)hd * 4u;
-    const bool norms = ssa_norm_smem(a, L);
-    // Copies: 0 the inverse frequencies, 1 and 2 the q and k norm weights, then the K rows and
-    // the V rows as one copy each, two where the range wraps around the cache (not this step's
-    // row, the range's last if any, computed by its item).
-    const int own = a.own_kv && L.first + k0 + nr - 1 == L.pos ? 1 : 0;
-    const int nc = nr - own, p0 = (L.first + k0) % a.cap, n1 = min(nc, a.cap - p0);
-    const unsigned bytes = row / 2 + (norms && a.q_norm ? row : 0u) + (norms && a.k_norm ? row : 0u) +
-                           2u * (unsigned)nc * row;
-    const float* K = a.k_cache + (size_t)g * a.cap * hd;
-    const float* V = a.v_cache + (size_t)g * a.cap * hd;
-    const unsigned bar = ss_smem(&e.bar);
-    if (lane == 0) {
-        keep = L;
-        e.staged = 1;
-        e.uses++;
-        asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(bar),
-                     "r"(bytes)
-                     : "memory");
-    }
-    __syncwarp();
-    if (lane >= 7) return;
-    // The x area's earlier reads and writes (generic proxy) before the copies' writes (async).
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    const float* src;
-    float* dst;
-    unsigned n;
-    if (lane == 0) {
-        src = a.inv_freq;
-        dst = L.cs + (hd >> 1);
-        n = row / 2;
-    } else if (lane < 3) {
-        src = lane == 1 ? a.q_norm : a.k_norm;
-        if (!norms || !src) return;
-        dst = L.o + (lane - 1) * hd;
-        n = row;
-    } else {
-        const bool isv = lane & 1, wrap = lane >= 5;  // 3 K, 4 V; 5 and 6 the wrapped rest
-        const int rows = wrap ? nc - n1 : n1;
-        if (rows <= 0) return;
-        src = (isv ? V : K) + (size_t)(wrap ? 0 : p0) * hd;
-        dst = (isv ? L.vt : L.kt) + (wrap ? n1 : 0) * hd;
-        n = (unsigned)rows * row;
-    }
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     ss_smem(dst)),
-                 "l"(src), "r"(n), "r"(bar)
-                 : "memory");
-#else
-    (void)a, (void)xs, (void)avail, (void)x_floats, (void)tk_max, (void)min_keys, (void)pos, (void)keep, (void)e;
-#endif
-}
-
 // Before the wait: the first item's norm weights, RoPE's cosines and sines at pos (as
 // norm_rope_heads computes them) and its first tile. (Worked out after the wait instead,
 // while the QKV partials are in flight, they cost more there: 494.0 against 497.9 tok/s with
@@ -751,26 +646,10 @@ __device__ void ssa_early(const AttnParams& a, float* xs, int avail, int x_float
 // into L2 one operation earlier, by the warp that stages the next record, measured slower
 // (551.3-552.0 against 560.8-560.9), docs/performance.md.
 __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_max, int min_keys, int pos,
-                             SsaLayout& keep, SsaEarly* early) {
+                             SsaLayout& keep) {
     constexpr int NT = (SS_NW - 1) * 32;
     const int t = (int)threadIdx.x - 32;
     if (t < 0) return;
-    if (SS_EARLY_BULK && early->staged) {
-        // ssa_early's copies are in flight: once they land, the sines from the inverse
-        // frequencies, each thread's values read before it overwrites them. (Thread 0 polls
-        // meanwhile; the operation's barrier after its poll orders the copies before its use.)
-        const SsaLayout& L = keep;
-        const int h2 = L.hd >> 1;
-        while (!mbar_done(&early->bar, (early->uses - 1) & 1u)) {
-        }
-        for (int i = t; i < (L.hd >> 3); i += NT) {
-            const float4 f = *(const float4*)(L.cs + h2 + 4 * i);
-            const float fv[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-            for (int u = 0; u < 4; u++) sincosf((float)L.pos * fv[u], &L.cs[h2 + 4 * i + u], &L.cs[4 * i + u]);
-        }
-        return;  // (stream_body clears `staged` after the wait's barrier)
-    }
     const SsaLayout L = ssa_layout(a, xs, avail, tk_max, min_keys, pos);
     // Kept for ssa_op after the wait (the operation's barrier publishes it): worked out again
     // there, its five dependent divisions were most of an item SM's 0.74 us before its first
@@ -778,8 +657,8 @@ __device__ void ssa_prestage(const AttnParams& a, float* xs, int avail, int tk_m
     if (t == 0) keep = L;
     const int it = blockIdx.x;
     if (it >= a.nkv * L.S) return;
-    // The norm weights as a cp.async group of their own, before the tile's (the operation's
-    // first wait takes it: stream_body).
+    // The norm weights as a cp.async group of their own, before the tile's (ssa_inputs waits
+    // for both once its q/k/v loads are issued).
     if (ssa_norm_smem(a, L)) {
         for (int i = t; i < (L.hd >> 2); i += NT) {
             if (a.q_norm) cp_async16(L.o + 4 * i, a.q_norm + 4 * i);
@@ -808,11 +687,15 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = NP ? 64 * NP : L.hd, half = hd >> 1,
               np = NP ? NP : half >> 5;
     const int jobs = L.r + (fresh ? 2 : 0);
-    // SS_ATTN_OVERLAP: one pass, a job a warp (jobs <= SSA_MAXR + 2 <= SS_NW), every warp at the
-    // barrier between the loads and the rest.
-    static_assert(!SS_ATTN_OVERLAP || SSA_MAXR + 2 <= SS_NW, "one job a warp");
-    for (int jb = warp; SS_ATTN_OVERLAP ? jb == warp : jb < jobs; jb += SS_NW) {
-        const bool has = SS_ATTN_OVERLAP ? jb < jobs : true;
+    // One pass, a job a warp (jobs <= SSA_MAXR + 2 <= SS_NW), every warp at the barrier between
+    // the loads and the rest: the wait for ssa_prestage's copies (the norm weights, the first
+    // tile's K rows) comes after the q/k/v partials' loads are issued, so the two round trips
+    // overlap (before the operation's barrier instead: 559.4-560.6 against 561.8-564.0 tok/s,
+    // attention link 0.098 -> 0.077 ms a step; docs/performance.md, twenty-fourth session).
+    static_assert(SSA_MAXR + 2 <= SS_NW, "one job a warp");
+    {
+        const int jb = warp;
+        const bool has = jb < jobs;
         const float* src;
         float* dst;
         const float* w;
@@ -835,7 +718,7 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
         float x0[MAXP], x1[MAXP];
 #pragma unroll
         for (int m = 0; m < MAXP; m++) {
-            if (SS_ATTN_OVERLAP) x0[m] = x1[m] = 0.f;  // (a warp without a job)
+            x0[m] = x1[m] = 0.f;  // (a warp without a job)
             if (has && m < np) {
                 const int i = lane + 32 * m;
                 x0[m] = __ldcg(src + i);
@@ -858,13 +741,11 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
             if (m < np) ss += x0[m] * x0[m] + x1[m] * x1[m];
         ss = warp_sum(ss);
         if (jb == 0) ss_tl_at(tl, 8);  // thread 0's partials landed (SS_TIMELINE)
-        if (SS_ATTN_OVERLAP) {
-            // This thread's copies (the norm weights' group and the tile's K rows), then every
-            // thread's (the V rows may still land).
-            cp_async_wait<1>();
-            ConsumerThreads{}.sync();
-            if (!has) continue;
-        }
+        // This thread's copies (the norm weights' group and the tile's K rows), then every
+        // thread's (the V rows may still land).
+        cp_async_wait<1>();
+        ConsumerThreads{}.sync();
+        if (!has) return;
         const float rs = norm ? rsqrtf(ss / (float)hd + a.eps) : 1.f;
 #pragma unroll
         for (int m = 0; m < MAXP; m++) {
@@ -1132,12 +1013,6 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
-#if SS_EARLY_BULK
-    __shared__ SsaEarly early;  // ssa_early's copies
-#define SS_EARLY_PTR (&early)
-#else
-#define SS_EARLY_PTR ((SsaEarly*)nullptr)
-#endif
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
     __shared__ SmShare share_stage[2];
@@ -1174,14 +1049,6 @@ __device__ void stream_body(const StreamParams& P) {
         pos_s = pos;
     }
     if (tid < SS_NW) wdone_w[tid] = 0;
-#if SS_EARLY_BULK
-    if (tid == 0) {
-        early.staged = 0;
-        early.uses = 0;
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(ss_smem(&early.bar)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-#endif
     if (tid < 16) sm.xzero[tid] = make_uint2(0u, 0u);
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
     __syncthreads();
@@ -1212,7 +1079,7 @@ __device__ void stream_body(const StreamParams& P) {
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
         // Attention by KV head: this SM's first keys requested before the wait.
         if (op.kind == STEP_ATTN)
-            ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay, SS_EARLY_PTR);
+            ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay);
         if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
@@ -1220,32 +1087,13 @@ __device__ void stream_body(const StreamParams& P) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             ss_wait_count(P.done + k - 1, target);
         }
-        // The norm weights' group and the tile's K rows (the V rows may stay in flight; an SM
-        // without an item committed none). Waiting for the norm weights alone here measured no
-        // gain (docs/decisions.md). SS_ATTN_OVERLAP: in ssa_inputs, after the q/k/v loads.
-        if (op.kind == STEP_ATTN && !SS_ATTN_OVERLAP) cp_async_wait<1>();
         ct.sync();
-#if SS_EARLY_BULK
-        if (op.kind == STEP_ATTN && tid == 0) early.staged = 0;  // every thread has read it (ssa_prestage)
-#endif
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
         if (kind == STEP_GEMV) {
-            // (Two calls: one with the early copies' lambda left dead by SS_EARLY_BULK 0 changes
-            // the default's register allocation, so the default would not be the build measured.)
-#if SS_EARLY_BULK
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, [&]() {
-                if (k + 1 < P.n_ops) {
-                    const StepOp& nx = *(const StepOp*)op_stage[(k + 1) & 1];
-                    if (nx.kind == STEP_ATTN)
-                        ssa_early(nx.a, xs, avail, P.x_floats, P.attn_tk, P.attn_min_keys, pos_s, lay, early);
-                }
-            });
-#else
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, []() {});
-#endif
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
         } else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
