@@ -74,7 +74,7 @@ pub fn step_streams(
     let mats = step_mats(model, quant)?;
     let ops: Vec<StreamOp> = mats
         .iter()
-        .map(|(_, m, whole)| StreamOp {
+        .map(|(label, m, whole)| StreamOp {
             weights: match m {
                 HostMat::Int4(q) => Weights::Int4(q),
                 HostMat::Bf16 { rows, cols, bits } => Weights::Bf16 {
@@ -84,6 +84,8 @@ pub fn step_streams(
                 },
             },
             whole: *whole,
+            // The projection runs right after its gate (the launch plan's order).
+            after_prev: *label == "gemv.ple_proj",
         })
         .collect();
     let streams = stream_layout::build(&ops, n_sm, warps)

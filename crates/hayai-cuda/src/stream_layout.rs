@@ -1,7 +1,8 @@
 //! Per-SM weight streams for the streamed decode step (docs/streamed-step.md).
 //!
 //! Every GEMV of the step is cut into units (a 16-row tile's K slice), the units dealt out to the
-//! SMs in contiguous ranges, and each SM's cells written one after another in exactly the order
+//! SMs in contiguous ranges (over all SMs, or over those the GEMV before it leaves without units
+//! when it follows that one directly and can: [`StreamOp::after_prev`]), and each SM's cells written one after another in exactly the order
 //! its consumer warps take them, so that one producer warp per SM can stream them with bulk
 //! copies. This is the host side of `proto/stream_step.cu` (the layout it builds at load), here
 //! so that the engine's loader can produce it from its own weights; [`walk`] computes a GEMV back
@@ -78,6 +79,9 @@ impl Weights<'_> {
 pub struct StreamOp<'a> {
     pub weights: Weights<'a>,
     pub whole: bool,
+    /// It runs right after the previous GEMV, with no operation between: its units go to the SMs
+    /// the previous one leaves without units where that costs no SM a longer pass ([`build`]).
+    pub after_prev: bool,
 }
 
 /// How one GEMV is cut and dealt out.
@@ -89,6 +93,8 @@ pub struct OpPlan {
     /// K slices per tile; unit `u` is slice `u / tiles` of tile `u % tiles` (slice-major, so an
     /// SM's few units of an operation share one or two slices).
     pub splits: usize,
+    /// The SMs its units are dealt over, ascending (empty: all of them).
+    pub sms: Vec<usize>,
 }
 
 impl OpPlan {
@@ -102,11 +108,34 @@ impl OpPlan {
     pub fn unit_groups(&self) -> usize {
         self.groups / self.splits
     }
-    /// SM `s`'s units: `[first, first + count)`.
+    /// SM `s`'s units: `[first, first + count)` (in order over `sms`; an SM outside them has
+    /// none, its `first` where the next one's begins).
     pub fn sm_units(&self, n_sm: usize, s: usize) -> (usize, usize) {
         let u = self.units();
-        let first = u * s / n_sm;
-        (first, u * (s + 1) / n_sm - first)
+        if self.sms.is_empty() {
+            let first = u * s / n_sm;
+            return (first, u * (s + 1) / n_sm - first);
+        }
+        let m = self.sms.len();
+        match self.sms.binary_search(&s) {
+            Ok(r) => {
+                let first = u * r / m;
+                (first, u * (r + 1) / m - first)
+            }
+            Err(r) => (u * r / m, 0),
+        }
+    }
+    /// The most rounds (cells a warp takes in turn) of any SM's first pass, and whether some SM
+    /// needs a second pass.
+    fn longest_pass(&self, n_sm: usize, warps: usize) -> (usize, bool) {
+        let gu = self.unit_groups();
+        (0..n_sm).fold((0, false), |(r, two), s| {
+            let nt = self.sm_units(n_sm, s).1;
+            if nt == 0 {
+                return (r, two);
+            }
+            (r.max(pass_of(nt, 0, gu, warps).rounds), two || nt > warps)
+        })
     }
 }
 
@@ -185,11 +214,16 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
             ));
         }
         let groups = cols / format.cols();
-        plans.push(OpPlan {
+        let mut plan = OpPlan {
             rows,
             groups,
             splits: k_splits(rows, groups, op.whole, n_sm),
-        });
+            sms: Vec::new(),
+        };
+        if let (true, Some(prev)) = (op.after_prev, plans.last()) {
+            plan.sms = away_from(prev, &plan, n_sm, warps);
+        }
+        plans.push(plan);
     }
     let cell = format.bytes();
     let mut bytes = Vec::new();
@@ -215,6 +249,30 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
         bytes,
         sm_base,
     })
+}
+
+/// The SMs `prev` leaves without units, if dealing `plan` over them alone costs no SM a second
+/// pass or a longer one than over all SMs; else none (all SMs). The SMs that publish an operation
+/// last are the last ready for the next: from the end of their work they pay the release's fence
+/// (~0.7 us), then the poll, and a small GEMV after a partial one (the PLE projection after its
+/// gate: 64 of 132 SMs on E4B) waited ~1.8 us for them (docs/performance.md, twenty-fourth
+/// session). Which SM multiplies a unit changes no sum: the K slices are added in slice order.
+fn away_from(prev: &OpPlan, plan: &OpPlan, n_sm: usize, warps: usize) -> Vec<usize> {
+    let idle: Vec<usize> = (0..n_sm)
+        .filter(|&s| prev.sm_units(n_sm, s).1 == 0)
+        .collect();
+    if idle.is_empty() || idle.len() == n_sm {
+        return Vec::new();
+    }
+    let (r_all, _) = plan.longest_pass(n_sm, warps);
+    let away = OpPlan {
+        sms: idle,
+        ..plan.clone()
+    };
+    match away.longest_pass(n_sm, warps) {
+        (r, false) if r <= r_all => away.sms,
+        _ => Vec::new(),
+    }
 }
 
 /// SM `s`'s cells of one operation as (tile, group within the row) in the order its warps take
@@ -526,6 +584,7 @@ mod tests {
             .map(|(m, (_, _, glu))| StreamOp {
                 weights: Weights::Int4(m),
                 whole: glu,
+                after_prev: false,
             })
             .collect()
     }
@@ -684,6 +743,7 @@ mod tests {
                     bits,
                 },
                 whole: glu,
+                after_prev: false,
             })
             .collect();
         let st = build(&ops, 13, 12).unwrap();
@@ -736,6 +796,60 @@ mod tests {
     }
 
     #[test]
+    fn a_gemv_after_a_partial_one_takes_the_sms_it_leaves_idle() {
+        // On 13 SMs of 4 warps: 10 units of the first leave SMs 0, 4 and 8 idle (u * s / 13).
+        let first = quantize_int4(&matrix(160, 1280, 31));
+        let fits = quantize_int4(&matrix(96, 256, 32)); // 12 units of one cell: 4 an idle SM
+        let longer = quantize_int4(&matrix(96, 512, 33)); // 12 units of 2 cells: 2 rounds there
+        let op = |m, after_prev| StreamOp {
+            weights: Weights::Int4(m),
+            whole: false,
+            after_prev,
+        };
+        let (n_sm, warps) = (13, 4);
+        let st = build(&[op(&first, false), op(&fits, true)], n_sm, warps).unwrap();
+        let idle: Vec<usize> = (0..n_sm)
+            .filter(|&s| st.ops[0].sm_units(n_sm, s).1 == 0)
+            .collect();
+        assert_eq!(idle, [0, 4, 8]);
+        assert_eq!(st.ops[1].sms, idle);
+        let mut units = 0;
+        for s in 0..n_sm {
+            let nt = st.ops[1].sm_units(n_sm, s).1;
+            assert_eq!(nt > 0, idle.contains(&s), "SM {s}");
+            assert!(nt <= warps);
+            units += nt;
+            assert_eq!(st.sm_shares(s)[1].units as usize, nt);
+        }
+        assert_eq!(units, st.ops[1].units());
+        for (i, m) in [&first, &fits].into_iter().enumerate() {
+            let x = input(m.cols);
+            assert!(
+                close(&walk(&st, i, &x), &gemv(&m.dequantize(), &x)),
+                "op {i}"
+            );
+        }
+        // Where the idle SMs would take more rounds than all of them, all of them.
+        let st = build(&[op(&first, false), op(&longer, true)], n_sm, warps).unwrap();
+        assert!(st.ops[1].sms.is_empty());
+        let x = input(longer.cols);
+        assert!(close(&walk(&st, 1, &x), &gemv(&longer.dequantize(), &x)));
+        // Without the flag, all of them.
+        let st = build(&[op(&first, false), op(&fits, false)], n_sm, warps).unwrap();
+        assert!(st.ops[1].sms.is_empty());
+        // E4B's PLE gate (2,560 -> 256: 64 units) and projection on 132 SMs of 11 warps: the
+        // projection's 320 units go to the 68 SMs without a gate unit, at most 5 each.
+        let gate = quantize_int4(&matrix(256, 2560, 34));
+        let proj = quantize_int4(&matrix(2560, 256, 35));
+        let st = build(&[op(&gate, false), op(&proj, true)], 132, 11).unwrap();
+        assert_eq!((st.ops[0].units(), st.ops[1].units()), (64, 320));
+        assert_eq!(st.ops[1].sms.len(), 68);
+        assert!((0..132).all(|s| st.ops[1].sm_units(132, s).1 <= 5));
+        let x = input(proj.cols);
+        assert!(close(&walk(&st, 1, &x), &gemv(&proj.dequantize(), &x)));
+    }
+
+    #[test]
     fn k_splits_even_out_the_shares() {
         // E4B's down projection on 132 SMs: 160 tiles leave 28 SMs two; 4 slices of 20 groups
         // bring the largest share from 160 to 100 cells (the average is 97).
@@ -751,6 +865,7 @@ mod tests {
         let op = StreamOp {
             weights: Weights::Int4(&m),
             whole: false,
+            after_prev: false,
         };
         assert!(build(&[op], 4, 4).is_err()); // 24 rows: not whole tiles
         let a = quantize_int4(&matrix(16, 128, 4));
@@ -759,6 +874,7 @@ mod tests {
             StreamOp {
                 weights: Weights::Int4(&a),
                 whole: false,
+                after_prev: false,
             },
             StreamOp {
                 weights: Weights::Bf16 {
@@ -767,6 +883,7 @@ mod tests {
                     bits: &bits,
                 },
                 whole: false,
+                after_prev: false,
             },
         ];
         assert!(build(&mixed, 4, 4).is_err());

@@ -463,6 +463,7 @@ mod tests {
             rows,
             groups,
             splits,
+            sms: Vec::new(),
         }
     }
 
@@ -510,6 +511,7 @@ mod tests {
             &[StreamOp {
                 weights: Weights::Int4(&m),
                 whole: false,
+                after_prev: false,
             }],
             3,
             4,
