@@ -578,13 +578,16 @@ mod tests {
             .collect()
     }
 
+    // Every other operation marked as following the one before it (dealt over the SMs that one
+    // leaves idle where the shapes allow).
     fn int4_ops(mats: &[Int4Matrix]) -> Vec<StreamOp<'_>> {
         mats.iter()
             .zip(SHAPES)
-            .map(|(m, (_, _, glu))| StreamOp {
+            .enumerate()
+            .map(|(i, (m, (_, _, glu)))| StreamOp {
                 weights: Weights::Int4(m),
                 whole: glu,
-                after_prev: false,
+                after_prev: i % 2 == 1,
             })
             .collect()
     }
@@ -593,10 +596,12 @@ mod tests {
     fn int4_streams_walk_back_to_the_plain_gemv() {
         let mats = int4_mats(1);
         let ops = int4_ops(&mats);
+        let mut away = 0;
         for (n_sm, warps) in [(7, 4), (13, 12), (40, 8)] {
             let st = build(&ops, n_sm, warps).unwrap();
             assert!(st.sm_base.iter().all(|b| b % ALIGN_CELLS == 0));
             assert!(st.ops.iter().any(|p| p.splits > 1), "no K splits walked");
+            away += st.ops.iter().filter(|p| !p.sms.is_empty()).count();
             for (i, m) in mats.iter().enumerate() {
                 let x = input(m.cols);
                 let got = walk(&st, i, &x);
@@ -604,6 +609,7 @@ mod tests {
                 assert!(close(&got, &want), "op {i}, {n_sm} SMs x {warps} warps");
             }
         }
+        assert!(away > 0, "no dealing over idle SMs walked");
     }
 
     /// A cell loop by steps: a warp's full rounds np kw cells apart, then the last partial round
