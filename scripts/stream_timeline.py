@@ -255,6 +255,27 @@ def main():
         m = [median(x[i] for x in v) * 1e-3 for i in range(8)]
         print(f"{label:<28}{len(v):>4}{'':>8}{m[0]:6.2f}{m[1]:7.2f}{m[2]:6.2f}{'':>7}{m[3]:7.2f}{m[4]:6.2f}"
               f"{'':>6}{m[5]:6.2f}{m[6]:7.2f}{m[7]:6.2f}")
+    # The skew split: the SM that published last against the median SM with work in it (µs after
+    # P, medians over layers): how much later it was ready, and how much longer its work took.
+    # (The order by the previous operation's cells was no help: twenty-fourth session.)
+    crit_v = OrderedDict()
+    for k in range(1, n):
+        kernel, label = meta["ops"][k]
+        last_pub = max(op(s, k - 1, 3) for s in range(nsm))
+        done = [op(s, k, 3) for s in range(nsm)]
+        crit = max(range(nsm), key=lambda s: done[s])
+        busy = [s for s in range(nsm)
+                if kernel != "gemv" or meta["gemv_cells"][gemv_of[k]][s][1] > meta["gemv_cells"][gemv_of[k]][s][0]]
+        busy = busy or list(range(nsm))
+        crit_v.setdefault(label, []).append((
+            op(crit, k, 1) - last_pub, median(op(s, k, 1) - last_pub for s in busy),
+            done[crit] - op(crit, k, 1), median(done[s] - op(s, k, 1) for s in busy),
+            done[crit] - last_pub, median(done[s] - last_pub for s in busy)))
+    print(f"{'last SM / median busy SM':<28}{'n':>4}{'ready: last':>13}{'median':>7}{'work: last':>12}{'median':>7}"
+          f"{'done: last':>12}{'median':>7}")
+    for label, v in crit_v.items():
+        m = [median(x[i] for x in v) * 1e-3 for i in range(6)]
+        print(f"{label:<28}{len(v):>4}{m[0]:13.2f}{m[1]:7.2f}{m[2]:12.2f}{m[3]:7.2f}{m[4]:12.2f}{m[5]:7.2f}")
     top = sorted(range(nsm), key=lambda s: -crit_count[s])[:8]
     print("SMs publishing last most often:", ", ".join(f"{s} ({crit_count[s]})" for s in top))
     # The ring: time from issue to landing, and how far ahead of its use the producer ran.
