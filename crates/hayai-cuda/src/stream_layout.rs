@@ -2,15 +2,15 @@
 //!
 //! Every GEMV of the step is cut into units (a 16-row tile's K slice), the units dealt out to the
 //! SMs in contiguous ranges (over all SMs, or over those the GEMV before it leaves without units
-//! when it follows that one directly and can: [`StreamOp::after_prev`]), and each SM's cells written one after another in exactly the order
-//! its consumer warps take them, so that one producer warp per SM can stream them with bulk
-//! copies. This is the host side of `proto/stream_step.cu` (the layout it builds at load), here
-//! so that the engine's loader can produce it from its own weights; [`walk`] computes a GEMV back
-//! from the streams through the device's position formula and fragment order, which is what the
-//! tests hold the layout to. [`Streams::sm_shares`] gives each SM its share of every operation
-//! (units, input slices, first pass, first cell) so the kernel need not work them out per
-//! operation; [`walk`] reads through those shares. The kernel that consumes the streams is not in
-//! the engine yet.
+//! when it follows that one directly and can: [`StreamOp::after_prev`]), and each SM's cells
+//! written one after another in exactly the order its consumer warps take them, so that one
+//! producer warp per SM can stream them with bulk copies. The engine's loader builds it from its
+//! own weights (`step_streams`) for the streamed step's kernel (kernels/stream_step.cu; its
+//! standalone prototype is `proto/stream_step.cu`). [`walk`] computes a GEMV back from the streams
+//! through the device's position formula and fragment order, which is what the tests hold the
+//! layout to. [`Streams::sm_shares`] gives each SM its share of every operation (units, input
+//! slices, first pass, first cell) so the kernel need not work them out per operation; [`walk`]
+//! reads through those shares.
 
 use crate::quant::{Int4Matrix, GROUP};
 
