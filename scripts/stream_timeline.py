@@ -54,6 +54,15 @@ def main():
         if kernel == "gemv":
             gemv_of[k] = gi
             gi += 1
+    def busy_sms(k):
+        """The SMs with work in operation k (a GEMV's SMs without cells are done at once: the
+        PLE gate has cells on 64 of 132 SMs); every SM if none."""
+        kernel = meta["ops"][k][0]
+        if kernel != "gemv":
+            return list(range(nsm))
+        cells = meta["gemv_cells"][gemv_of[k]]
+        return [s for s in range(nsm) if cells[s][1] > cells[s][0]] or list(range(nsm))
+
     rows = OrderedDict()
     crit_count = [0] * nsm
     prev_last = t0
@@ -80,11 +89,8 @@ def main():
         r[3] += prologue
         r[4] += work
         r[5] += ring
-        # Skew against the median SM that had work in it (a GEMV's SMs without cells are done at
-        # once: the PLE gate has cells on 64 of 132 SMs).
-        busy = [done[s] for s in range(nsm)
-                if kernel != "gemv" or meta["gemv_cells"][gemv_of[k]][s][1] > meta["gemv_cells"][gemv_of[k]][s][0]]
-        r[6] += done[crit] - median(busy or done)
+        # Skew against the median SM that had work in it.
+        r[6] += done[crit] - median(done[s] for s in busy_sms(k))
         r[7] += max(0, earliest_ready - prev_last)
         prev_last = done[crit]
     total = prev_last - t0
@@ -260,13 +266,11 @@ def main():
     # (The order by the previous operation's cells was no help: twenty-fourth session.)
     crit_v = OrderedDict()
     for k in range(1, n):
-        kernel, label = meta["ops"][k]
+        label = meta["ops"][k][1]
         last_pub = max(op(s, k - 1, 3) for s in range(nsm))
         done = [op(s, k, 3) for s in range(nsm)]
         crit = max(range(nsm), key=lambda s: done[s])
-        busy = [s for s in range(nsm)
-                if kernel != "gemv" or meta["gemv_cells"][gemv_of[k]][s][1] > meta["gemv_cells"][gemv_of[k]][s][0]]
-        busy = busy or list(range(nsm))
+        busy = busy_sms(k)
         crit_v.setdefault(label, []).append((
             op(crit, k, 1) - last_pub, median(op(s, k, 1) - last_pub for s in busy),
             done[crit] - op(crit, k, 1), median(done[s] - op(s, k, 1) for s in busy),
