@@ -35,6 +35,8 @@ pub struct CpuRunner {
     hidden: Vec<f32>,
     /// How the input of every matrix product is rounded (see [`MatmulInputs`]).
     inputs: MatmulInputs,
+    /// The per-layer-embedding projection's, where it differs ([`CpuRunner::set_ple_projection_inputs`]).
+    ple_proj_inputs: Option<MatmulInputs>,
 }
 
 /// Rounding of matrix-product inputs: the CPU twins of the GPU prefill's tensor-core GEMMs.
@@ -60,6 +62,17 @@ pub enum MatmulInputs {
 }
 
 impl MatmulInputs {
+    /// The rounding of the per-layer-embedding projection's input in the streamed step's fused
+    /// PLE operation (a measurement build): as every product's, except that int8 becomes a bf16
+    /// pair, since that operation multiplies the gate's outputs on the SMs that computed them (no
+    /// SM holds a 128-column group of them to take an int8 scale over).
+    pub fn ple_projection(self) -> Self {
+        match self {
+            MatmulInputs::Int8 { .. } | MatmulInputs::Int8Nudged { .. } => MatmulInputs::Bf16Pair,
+            m => m,
+        }
+    }
+
     fn apply(self, v: f32) -> f32 {
         let hi = bf16::from_f32(v).to_f32();
         match self {
@@ -151,6 +164,7 @@ impl CpuRunner {
             inv_freq,
             hidden: Vec::new(),
             inputs: MatmulInputs::F32,
+            ple_proj_inputs: None,
         })
     }
 
@@ -159,6 +173,12 @@ impl CpuRunner {
     /// whose GEMMs take bf16 activations on tensor cores. The default is the plain f32 reference.
     pub fn set_matmul_inputs(&mut self, inputs: MatmulInputs) {
         self.inputs = inputs;
+    }
+
+    /// Round the per-layer-embedding projection's input so instead of as the other products'
+    /// (None: as theirs).
+    pub fn set_ple_projection_inputs(&mut self, inputs: Option<MatmulInputs>) {
+        self.ple_proj_inputs = inputs;
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -322,7 +342,8 @@ impl CpuRunner {
                     }
                 }
                 let mut pr = vec![0.0f32; n * h];
-                lp.proj.matmul(&rounded(&gg, pd, round), &mut pr);
+                let pr_round = self.ple_proj_inputs.unwrap_or(round);
+                lp.proj.matmul(&rounded(&gg, pd, pr_round), &mut pr);
                 rms_norm_rows(&mut pr, h, Some(&lp.post_norm), eps);
                 x.iter_mut().zip(&pr).for_each(|(xv, pv)| *xv += pv);
             }
@@ -410,6 +431,46 @@ impl Runner for CpuRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The PLE projection's own rounding changes only that product: the same rounding as the
+    /// others gives the same logits bit for bit, another moves them.
+    #[test]
+    fn ple_projection_inputs_round_only_that_product() {
+        use crate::random::{random_model, tiny_spec};
+        use crate::runner::{Rows, Runner};
+        use crate::spec::Arch;
+        let model = Arc::new(random_model(&tiny_spec(Arch::Gemma4), 3));
+        let logits = |inputs: MatmulInputs, ple: Option<MatmulInputs>| {
+            let mut r = CpuRunner::new(model.clone()).unwrap();
+            r.set_matmul_inputs(inputs);
+            r.set_ple_projection_inputs(ple);
+            let mut out = Vec::new();
+            r.forward(&[2, 17, 5, 9], Rows::All, &mut |_, l| {
+                out.extend_from_slice(l)
+            })
+            .unwrap();
+            out
+        };
+        let int8 = MatmulInputs::Int8 { group: 16 };
+        let base = logits(int8, None);
+        assert_eq!(base, logits(int8, Some(int8)));
+        let pair = logits(int8, Some(int8.ple_projection()));
+        assert_ne!(base, pair);
+        assert_ne!(pair, logits(MatmulInputs::Bf16Pair, None));
+    }
+
+    #[test]
+    fn ple_projection_takes_int8_inputs_as_a_bf16_pair() {
+        use MatmulInputs as M;
+        assert_eq!(M::Int8 { group: 128 }.ple_projection(), M::Bf16Pair);
+        assert_eq!(
+            M::Int8Nudged { group: 32, seed: 3 }.ple_projection(),
+            M::Bf16Pair
+        );
+        for m in [M::F32, M::Bf16, M::Bf16Pair] {
+            assert_eq!(m.ple_projection(), m);
+        }
+    }
 
     #[test]
     fn int8_inputs_round_each_group_of_each_row_to_its_own_scale() {
