@@ -49,18 +49,27 @@ def main():
     if not any(op(s, k, 3) for s in range(nsm) for k in range(n)):
         sys.exit("no per-SM stamps: was the binary built with HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1?")
     t0 = min(op(s, 0, 1) for s in range(nsm))
+    # GEMV-like operations and their streams: the fused PLE operation takes two (its gate's
+    # cells, then its projection's column cells).
+    GEMVS = {"gemv": 1, "ple_fused": 2}
     gi, gemv_of = 0, {}
     for k, (kernel, _) in enumerate(meta["ops"]):
-        if kernel == "gemv":
+        if kernel in GEMVS:
             gemv_of[k] = gi
-            gi += 1
+            gi += GEMVS[kernel]
+
+    def cells_of(k, s):
+        """SM s's [first, end) cells of operation k's streams."""
+        first = meta["gemv_cells"][gemv_of[k]][s][0]
+        last = meta["gemv_cells"][gemv_of[k] + GEMVS[meta["ops"][k][0]] - 1][s][1]
+        return first, last
     def busy_sms(k):
         """The SMs with work in operation k (a GEMV's SMs without cells are done at once: the
         PLE gate has cells on 64 of 132 SMs); every SM if none."""
         kernel = meta["ops"][k][0]
-        if kernel != "gemv":
+        if kernel not in GEMVS:
             return list(range(nsm))
-        cells = meta["gemv_cells"][gemv_of[k]]
+        cells = [cells_of(k, s) for s in range(nsm)]
         return [s for s in range(nsm) if cells[s][1] > cells[s][0]] or list(range(nsm))
 
     rows = OrderedDict()
@@ -72,11 +81,11 @@ def main():
         crit_count[crit] += 1
         ready, quant = op(crit, k, 1), op(crit, k, 2)
         link = max(0, ready - prev_last)
-        prologue = max(0, quant - ready) if kernel == "gemv" and quant else 0
+        prologue = max(0, quant - ready) if kernel in GEMVS and quant else 0
         work = done[crit] - (quant if prologue else ready)
         ring = 0
-        if kernel == "gemv":
-            c0, c1 = meta["gemv_cells"][gemv_of[k]][crit]
+        if kernel in GEMVS:
+            c0, c1 = cells_of(k, crit)
             if c1 > c0:
                 landed = chunk(crit, (c1 - 1) // CC, 1)
                 start = quant if prologue else ready
@@ -110,7 +119,7 @@ def main():
         for k, (kernel, label) in enumerate(meta["ops"]):
             done = [op(s, k, 3) for s in range(nsm)]
             crit = max(range(nsm), key=lambda s: done[s])
-            if kernel == "gemv" and op(crit, k, 2):
+            if kernel in GEMVS and op(crit, k, 2):
                 st = [op(crit, k, i) for i in (1, 4, 5, 6, 2, 7, 3)]
                 r = sub.setdefault(label, [0] * 7)
                 r[0] += 1
@@ -129,7 +138,7 @@ def main():
             done = [op(s, k, 3) for s in range(nsm)]
             crit = max(range(nsm), key=lambda s: done[s])
             st = [op(crit, k, i) for i in (4, 8, 9, 5)]
-            if kernel == "gemv" and op(crit, k, 2) and all(st) and st[2] > st[1]:
+            if kernel in GEMVS and op(crit, k, 2) and all(st) and st[2] > st[1]:
                 r = res.setdefault(label, [0] * 4)
                 r[0] += 1
                 for i in range(3):
@@ -145,7 +154,7 @@ def main():
         # they landed (twenty-third session, docs/performance.md).
         allsm = OrderedDict()
         for k, (kernel, label) in enumerate(meta["ops"]):
-            if kernel != "gemv":
+            if kernel not in GEMVS:
                 continue
             for s in range(nsm):
                 q, c, d = op(s, k, 2), op(s, k, 7), op(s, k, 3)
@@ -166,11 +175,11 @@ def main():
         # one NCH before it is released, so a GEMV larger than the ring waits at its tail.
         ringv = OrderedDict()
         for k, (kernel, label) in enumerate(meta["ops"]):
-            if kernel != "gemv":
+            if kernel not in GEMVS:
                 continue
             done = [op(s, k, 3) for s in range(nsm)]
             crit = max(range(nsm), key=lambda s: done[s])
-            c0, c1 = meta["gemv_cells"][gemv_of[k]][crit]
+            c0, c1 = cells_of(k, crit)
             q = op(crit, k, 2)
             if c1 <= c0 or not q:
                 continue

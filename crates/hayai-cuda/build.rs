@@ -43,6 +43,7 @@ fn main() {
         fs::write(&fatbin, []).unwrap();
         println!("cargo::rustc-env=HAYAI_CUDA_ARCHS=");
         println!("cargo::rustc-env=HAYAI_CUDA_KERNELS=0");
+        println!("cargo::rustc-env=HAYAI_CUDA_DEFINES_BUILT=");
         return;
     }
 
@@ -73,12 +74,16 @@ fn main() {
         .arg(manifest.join("kernels"));
     // Measurement builds: extra `-D` switches of the kernels (e.g. `-DSS_PRE_CST=1`), off by
     // default; a binary built so is for A/B runs only.
-    for d in env::var("HAYAI_CUDA_DEFINES")
-        .unwrap_or_default()
-        .split_whitespace()
-    {
+    let defines = env::var("HAYAI_CUDA_DEFINES").unwrap_or_default();
+    for d in defines.split_whitespace() {
         cmd.arg(d);
     }
+    // The host asks for what some switches build (`-DSS_PLE_FUSED=1`: the streamed step's
+    // fused PLE operation records).
+    println!(
+        "cargo::rustc-env=HAYAI_CUDA_DEFINES_BUILT={}",
+        defines.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
     let ptx_only = env::var("HAYAI_CUDA_PTX_ONLY").is_ok_and(|v| v == "1");
     let sass: &[&str] = if ptx_only { &[] } else { ARCHS };
     for a in sass {

@@ -24,13 +24,27 @@
 // first group, first item): 6 query (and fresh key/value) normalized and rotated, 7 tile done.
 #define STEP_STAMPS 8
 
-enum StepOpKind { STEP_GEMV = 0, STEP_ATTN = 1, STEP_PLE = 2, STEP_ARGMAX1 = 3, STEP_ARGMAX2 = 4 };
+enum StepOpKind { STEP_GEMV = 0, STEP_ATTN = 1, STEP_PLE = 2, STEP_ARGMAX1 = 3, STEP_ARGMAX2 = 4, STEP_PLE_FUSED = 5 };
+
+// The streamed step's fused per-layer-embedding operation (kernels/stream_step.cu ss_ple_columns):
+// the gate's GEMV (whole along K), then the projection's columns matching this SM's gate rows,
+// summed over the SMs into a 64-bit fixed-point accumulator (2^-32 units) that the next GEMV's
+// prologue reads (GemvParams::in_splits < 0).
+struct PleFusedParams {
+    GemvParams g;                    // the gate (its `out` unused: its sums stay on the SM)
+    const float* act_mult;           // the layer's per-layer input
+    unsigned long long* acc;         // [p_rows] this layer's accumulator
+    unsigned long long* zero;        // [p_rows] the accumulator zeroed here (null: none)
+    int p_rows;                      // the projection's rows
+    int pad;
+};
 
 struct StepOp {
     int kind;
     int next_gemv;  // index of the next GEMV operation after this one (n_ops: none)
     union {
         GemvParams g;  // GEMV: `scales` in the octet layout, `counters` unused
+        PleFusedParams f;  // its `g` is `g` above
         AttnParams a;
         PleParams p;
         ArgmaxParams m;

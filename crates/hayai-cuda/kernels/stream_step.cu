@@ -380,10 +380,16 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
+// keep (the fused PLE operation's gate, splits 1; null for every other GEMV): the rows stay in
+// shared memory, unit idx's 16 at keep[16 idx], and the stream is not held after the last pass
+// (its column cells follow). A run-time pointer, not a template flag: a second copy of this
+// code (and the prologue inlined in it) made the kernel's code 178 -> 262 KB, and the fused
+// operation, run once a layer, ran about twice as slow in every phase (instruction fetches
+// missing; docs/performance.md, twenty-fifth session).
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats, unsigned long long* tl) {
+                        int x_floats, unsigned long long* tl, float* keep) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -494,7 +500,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
         ConsumerThreads{}.sync();
         ss_tl_at(tl, 7);
         // The last pass's cells are all read: hold the stream while the operation publishes.
-        if (tid == 0 && (p + 1) * SS_NW >= nt) *hold = 1;
+        if (!(SS_PLE_FUSED && keep) && tid == 0 && (p + 1) * SS_NW >= nt) *hold = 1;
         // The np units' rows: the kw warps' sums added in slice order, into partial vector `slice`.
         for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
             const int ti = i >> 4, row = i & 15;
@@ -502,6 +508,12 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #pragma unroll
             for (int s = 0; s < SS_NW; s++)
                 if (s < q.kw) sum += sm.red[pc & 1][ti * q.kw + s][row];
+#if SS_PLE_FUSED
+            if (keep) {
+                keep[(p * SS_NW + ti) * 16 + row] = sum;
+                continue;
+            }
+#endif
             int slice, tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
             g.out[(size_t)slice * g.rows + tile * 16 + row] = sum;
@@ -509,6 +521,91 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     }
     R.release_to(base + (unsigned)(nt * gu));
 }
+
+#if SS_PLE_FUSED
+// v rounded to bf16, nearest even (finite values).
+__device__ __forceinline__ float ss_bf16_rn(float v) {
+    uint32_t u = __float_as_uint(v);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xFFFF0000u);
+}
+
+// The per-layer-embedding gate and its projection as one operation (STEP_PLE_FUSED,
+// docs/streamed-step.md): the gate (2,560 -> 256 on E4B) whole along K on the SMs that hold its
+// 16-row tiles, its sums kept in shared memory (ss_gemv's `keep`); a = gelu(gate) x the layer's
+// per-layer input, as a bf16 pair (the CPU twin's MatmulInputs::ple_projection); then the
+// projection's 16 columns that match each tile (the stream's column cells: 96 rows of 16 nibbles
+// and the rows' scales), every row's f32 product added into the layer's accumulator as 64-bit
+// fixed point (2^-32 units; integer adds, so the sum does not depend on the SMs' order). The
+// next GEMV's prologue reads the accumulator (in_splits < 0). One link and one prologue a layer
+// fewer than gate and projection as two GEMVs. sh: the gate's share, then the column operation's.
+//
+// Before the gate: the accumulator this operation zeroes (the previous layer's: its reader, this
+// layer's QKV, is done on every SM), a slice an SM (the launch boundary orders it before the
+// next step's adds); and this SM's per-layer inputs requested, returned to land during the gate
+// (its units are its tiles: splits 1; at most 22 tiles, the host's width check).
+__device__ __forceinline__ float ss_ple_begin(const PleFusedParams& f, const SmShare* sh) {
+    const int tid = threadIdx.x;
+    if (f.zero) {
+        const int per = (f.p_rows + (int)gridDim.x - 1) / (int)gridDim.x;
+        for (int i = tid; i < per; i += SS_NW * 32) {
+            const int r = (int)blockIdx.x * per + i;
+            if (r < f.p_rows) f.zero[r] = 0ull;
+        }
+    }
+    return tid < (int)sh[0].units * 16 ? __ldcg(f.act_mult + sh[0].first_unit * 16 + tid) : 0.f;
+}
+
+// After the gate (its sums at xs[0, 16 units)): the projection's columns into the accumulator.
+template <int NCH>
+__device__ void ss_ple_columns(const PleFusedParams& f, const SmShare* sh, float* xs, SsRing<NCH>& R, float am) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const ConsumerThreads ct;
+    const int nt = (int)sh[0].units;
+    if (nt == 0) return;
+    ct.sync();  // the gate's sums
+    if (tid < nt * 16) {
+        const float v = gelu_tanh(xs[tid]) * am;
+        const float hi = ss_bf16_rn(v);
+        xs[tid] = hi + ss_bf16_rn(v - hi);
+    }
+    ct.sync();
+    // The column cells in stream order, a warp every SS_NW-th; lane l rows 3 l .. 3 l + 2.
+    // (Releasing the ring between a cell's adds and the next cell waits for the adds: a release
+    // store orders this thread's outstanding global writes. Up to 4 cells multiplied and
+    // released before their adds measured slower as built, 513-517 against 545-546 tok/s, with
+    // the kernel at 168 registers; docs/performance.md, twenty-fifth session.)
+    const int gu = (f.p_rows + 95) / 96, ncell = nt * gu;
+    const unsigned base = sh[1].first_cell;
+    for (int i = warp; i < ncell; i += SS_NW) {
+        const unsigned pos = base + (unsigned)i;
+        R.release_to(pos);
+        R.land(pos / SS_CH);
+        const int ui = i / gu, c = i - ui * gu;
+        const unsigned char* cp = (const unsigned char*)R.cell(pos);
+        float a[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) a[k] = xs[ui * 16 + k];
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            const int rr = 3 * lane + j, row = c * 96 + rr;
+            const uint2 w = *(const uint2*)(cp + 8 * rr);
+            const float sc = __uint_as_float((uint32_t)(*(const uint16_t*)(cp + 768 + 2 * rr)) << 16);
+            float y = 0.f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                y = fmaf((float)((int)((w.x >> (4 * k)) & 15u) - 8), a[k], y);
+                y = fmaf((float)((int)((w.y >> (4 * k)) & 15u) - 8), a[8 + k], y);
+            }
+            if (row < f.p_rows) {
+                const float v = fminf(fmaxf(y * sc * 0x1p32f, -0x1p62f), 0x1p62f);
+                atomicAdd(f.acc + row, (unsigned long long)__float2ll_rn(v));
+            }
+        }
+    }
+    R.release_to(base + (unsigned)ncell);
+}
+#endif  // SS_PLE_FUSED
 
 // Attention by KV head. An item is one KV head's key range [k0, k1) for all r of its query
 // heads, run by the SM's consumer warps; the range's K and V rows (f32) are
@@ -1015,7 +1112,11 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
+#if SS_PLE_FUSED
+    __shared__ SmShare share_stage[2][2];  // a GEMV's share (a fused PLE operation's two)
+#else
     __shared__ SmShare share_stage[2];
+#endif
     unsigned char* ring = ss_dyn;
     float* xs = (float*)(ss_dyn + (size_t)NCH * SS_CH * SS_CELL_BYTES);
     uint2* xf = (uint2*)(xs + P.x_floats);
@@ -1074,13 +1175,21 @@ __device__ void stream_body(const StreamParams& P) {
         // on the path of the operation's last SM.)
         if (k + 1 < P.n_ops && tid >= 64 && tid < 64 + STEP_OP_BYTES / 16)
             op_stage[(k + 1) & 1][tid - 64] = ((const uint4*)(P.ops + k + 1))[tid - 64];
+#if SS_PLE_FUSED
+        const int share_words = op.kind == STEP_GEMV ? 9 : op.kind == STEP_PLE_FUSED ? 18 : 0;
+        if (tid >= 32 && tid < 32 + share_words)
+            ((unsigned*)share_stage[k & 1])[tid - 32] =
+                ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
+#else
         if (op.kind == STEP_GEMV && tid >= 32 && tid < 32 + 9)
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
+#endif
         // Attention by KV head: this SM's first keys requested before the wait.
         if (op.kind == STEP_ATTN)
             ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay);
-        if (SS_PRE_CST && op.kind == STEP_GEMV) ss_constants_async(op.g, xs, P.x_floats);
+        if (SS_PRE_CST && (op.kind == STEP_GEMV || (SS_PLE_FUSED && op.kind == STEP_PLE_FUSED)))
+            ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
@@ -1092,9 +1201,21 @@ __device__ void stream_body(const StreamParams& P) {
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
+#if SS_PLE_FUSED
+        if (kind == STEP_GEMV || kind == STEP_PLE_FUSED) {
+            // One call site for both (see ss_gemv's `keep`).
+            const bool fused = kind == STEP_PLE_FUSED;
+            const float am = fused ? ss_ple_begin(op.f, share_stage[k & 1]) : 0.f;
+            ss_gemv<NCH>(op.g, share_stage[k & 1][0], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl,
+                         fused ? xs : nullptr);
+            if (fused) ss_ple_columns<NCH>(op.f, share_stage[k & 1], xs, R, am);
+        }
+#else
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
-        } else if (kind == STEP_ATTN) {
+            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr);
+        }
+#endif
+        else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);

@@ -289,7 +289,7 @@ pub fn prefill_parity(
     let mut first = 0u32;
     gpu.forward(prompt, Rows::Last, &mut |_, l| first = argmax(l))?;
     let n = prompt.len();
-    twin.set_matmul_inputs(decode_matmul_inputs(opts));
+    set_decode_twin(&mut twin, model, opts);
     let mut cfirst = 0u32;
     twin.truncate(n.saturating_sub(1));
     twin.forward(&prompt[n.saturating_sub(1)..], Rows::Last, &mut |_, l| {
@@ -325,6 +325,16 @@ fn decode_matmul_inputs(opts: &CudaOptions) -> MatmulInputs {
     }
 }
 
+/// `cpu` as the CPU twin of the decode step of `opts` on `model`: its matrix inputs rounded as
+/// `decode_matmul_inputs` says, and the per-layer-embedding projection's as the streamed step's
+/// fused PLE operation takes them where that runs (`MatmulInputs::ple_projection`).
+fn set_decode_twin(cpu: &mut CpuRunner, model: &Model, opts: &CudaOptions) {
+    let inputs = decode_matmul_inputs(opts);
+    cpu.set_matmul_inputs(inputs);
+    let fused = opts.streamed_step && crate::runner::ple_fused_wanted(&model.spec);
+    cpu.set_ple_projection_inputs(fused.then(|| inputs.ple_projection()));
+}
+
 /// Feed `prompt` to both backends comparing every logit row, then run `steps` greedy steps on
 /// each and count how long they agree. This checks the decode path: prompts are fed one decode
 /// step per token here (see [`prefill_parity`] for the batched path).
@@ -348,7 +358,7 @@ pub fn parity(
     let mut cpu = CpuRunner::new(reference.clone())?;
     let int8 = opts.uses_int8_activations();
     let tc = opts.uses_tensor_cores();
-    cpu.set_matmul_inputs(decode_matmul_inputs(opts));
+    set_decode_twin(&mut cpu, model, opts);
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;
     let first = argmax(c.last().map(|v| &v[..]).unwrap_or(&[]));

@@ -65,27 +65,36 @@ fn step_mats(model: &Model, quant: Quant) -> Result<Vec<(&'static str, HostMat, 
 
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them
 /// must take one cell format: int4 needs every width a multiple of 128 (else a clear error).
+/// `ple_fused`: each per-layer-embedding gate and its projection laid out for the fused
+/// operation (kernels/stream_step.cu `ss_ple_columns`): the gate whole along K, the projection in
+/// column cells, an SM's column blocks those matching its gate tiles (int4 only).
 pub fn step_streams(
     model: &Model,
     quant: Quant,
     n_sm: usize,
     warps: usize,
+    ple_fused: bool,
 ) -> Result<StepStreams, CudaError> {
     let mats = step_mats(model, quant)?;
     let ops: Vec<StreamOp> = mats
         .iter()
-        .map(|(label, m, whole)| StreamOp {
-            weights: match m {
+        .map(|(label, m, whole)| {
+            let (gate, proj) = (*label == "gemv.ple_gate", *label == "gemv.ple_proj");
+            let weights = match m {
+                HostMat::Int4(q) if ple_fused && proj => Weights::Int4Columns(q),
                 HostMat::Int4(q) => Weights::Int4(q),
                 HostMat::Bf16 { rows, cols, bits } => Weights::Bf16 {
                     rows: *rows,
                     cols: *cols,
                     bits,
                 },
-            },
-            whole: *whole,
-            // The projection runs right after its gate (the launch plan's order).
-            after_prev: *label == "gemv.ple_proj",
+            };
+            StreamOp {
+                weights,
+                whole: *whole || (ple_fused && gate),
+                // Unfused, the projection runs right after its gate (the launch plan's order).
+                after_prev: proj && !ple_fused,
+            }
         })
         .collect();
     let streams = stream_layout::build(&ops, n_sm, warps)
@@ -129,8 +138,12 @@ mod tests {
         }
         let model = random_model_bf16(&spec, 5);
         let w = &model.weights;
-        for quant in [Quant::Int4, Quant::Bf16] {
-            let st = step_streams(&model, quant, 13, 12).unwrap();
+        for (quant, fused) in [
+            (Quant::Int4, false),
+            (Quant::Int4, true),
+            (Quant::Bf16, false),
+        ] {
+            let st = step_streams(&model, quant, 13, 12, fused).unwrap();
             // The model's own matrices, fused the way each operation's rows are.
             let mut want: Vec<(&str, Vec<f32>)> = Vec::new();
             let mut check = |label: &'static str, y: Vec<f32>| want.push((label, y));
@@ -170,10 +183,22 @@ mod tests {
 
             assert_eq!(st.labels, want.iter().map(|(l, _)| *l).collect::<Vec<_>>());
             for (i, (label, y)) in want.iter().enumerate() {
-                let x = input(st.streams.ops[i].groups * st.streams.format.cols());
+                let x = input(st.streams.ops[i].k);
                 let got = walk(&st.streams, i, &x);
                 let rel = crate::check::compare_rows(&[got], std::slice::from_ref(y)).2;
                 assert!(rel < 1e-5, "{quant:?} op {i} ({label}): rel L2 {rel}");
+            }
+            // Fused: every gate whole and its projection in column cells on the same SMs.
+            for (i, label) in st.labels.iter().enumerate() {
+                let plan = &st.streams.ops[i];
+                let columns = plan.format == crate::stream_layout::CellFormat::Int4Columns;
+                assert_eq!(columns, fused && *label == "gemv.ple_proj", "op {i}");
+                if fused && *label == "gemv.ple_gate" {
+                    assert_eq!(plan.splits, 1);
+                    let next = &st.streams.ops[i + 1];
+                    assert_eq!(plan.tiles(), next.tiles());
+                    assert!(plan.sms.is_empty() && next.sms.is_empty());
+                }
             }
         }
     }
@@ -189,7 +214,7 @@ mod tests {
             p.dim = 64;
         }
         let model = random_model_bf16(&spec, 6);
-        let err = step_streams(&model, Quant::Int4, 13, 12)
+        let err = step_streams(&model, Quant::Int4, 13, 12, false)
             .err()
             .expect("an error");
         assert!(err.to_string().contains("cell format"), "{err}");

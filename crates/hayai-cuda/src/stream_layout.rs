@@ -16,6 +16,9 @@ use crate::quant::{Int4Matrix, GROUP};
 
 /// Rows per cell (one `mma` tile).
 pub const CELL_ROWS: usize = 16;
+/// A column cell's rows and columns ([`CellFormat::Int4Columns`]).
+pub const COL_CELL_ROWS: usize = 96;
+pub const COL_CELL_COLS: usize = 16;
 /// An SM's stream starts on a multiple of this many cells: 128-byte aligned for both formats
 /// (bulk copies from unaligned sources stream ~20% slower, proto/stream_rate.cu).
 pub const ALIGN_CELLS: usize = 8;
@@ -28,12 +31,18 @@ pub enum CellFormat {
     Int4,
     /// 16 x 64 bf16 in the `mma.m16n8k16` A-fragment order.
     Bf16,
+    /// 96 rows of a 16-column block of an int4 matrix: per row its 16 nibbles (8 bytes, column
+    /// 2 j in byte j's low nibble), then the 96 rows' bf16 group scales (the 16 columns lie in
+    /// one 128-column group), in an int4 cell's 1,056 bytes so that both kinds share a ring. A
+    /// column operation's unit is one column block (all its rows): the fused PLE operation
+    /// multiplies the projection's columns that match its SM's gate outputs (kernels/stream_step.cu).
+    Int4Columns,
 }
 
 impl CellFormat {
     pub fn bytes(self) -> usize {
         match self {
-            CellFormat::Int4 => 1056,
+            CellFormat::Int4 | CellFormat::Int4Columns => 1056,
             CellFormat::Bf16 => 2048,
         }
     }
@@ -42,6 +51,7 @@ impl CellFormat {
         match self {
             CellFormat::Int4 => GROUP,
             CellFormat::Bf16 => 64,
+            CellFormat::Int4Columns => COL_CELL_COLS,
         }
     }
 }
@@ -50,6 +60,8 @@ impl CellFormat {
 #[derive(Clone, Copy, Debug)]
 pub enum Weights<'a> {
     Int4(&'a Int4Matrix),
+    /// Cut into column cells ([`CellFormat::Int4Columns`]).
+    Int4Columns(&'a Int4Matrix),
     /// Row-major bf16 bits.
     Bf16 {
         rows: usize,
@@ -61,7 +73,7 @@ pub enum Weights<'a> {
 impl Weights<'_> {
     fn shape(&self) -> (usize, usize) {
         match self {
-            Weights::Int4(m) => (m.rows, m.cols),
+            Weights::Int4(m) | Weights::Int4Columns(m) => (m.rows, m.cols),
             Weights::Bf16 { rows, cols, .. } => (*rows, *cols),
         }
     }
@@ -69,6 +81,7 @@ impl Weights<'_> {
         match self {
             Weights::Int4(_) => CellFormat::Int4,
             Weights::Bf16 { .. } => CellFormat::Bf16,
+            Weights::Int4Columns(_) => CellFormat::Int4Columns,
         }
     }
 }
@@ -88,7 +101,11 @@ pub struct StreamOp<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpPlan {
     pub rows: usize,
-    /// Cells per tile (K / cell columns).
+    /// The input's length (K).
+    pub k: usize,
+    pub format: CellFormat,
+    /// Cells per tile (K / cell columns); for column cells, per column block (rows / 96,
+    /// rounded up).
     pub groups: usize,
     /// K slices per tile; unit `u` is slice `u / tiles` of tile `u % tiles` (slice-major, so an
     /// SM's few units of an operation share one or two slices).
@@ -98,8 +115,12 @@ pub struct OpPlan {
 }
 
 impl OpPlan {
+    /// Row tiles, or column blocks for column cells (the units before K splits).
     pub fn tiles(&self) -> usize {
-        self.rows / CELL_ROWS
+        match self.format {
+            CellFormat::Int4Columns => self.k / COL_CELL_COLS,
+            _ => self.rows / CELL_ROWS,
+        }
     }
     pub fn units(&self) -> usize {
         self.tiles() * self.splits
@@ -196,31 +217,58 @@ pub struct Streams {
 pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, String> {
     let first = ops.first().ok_or("no operations")?;
     let format = first.weights.format();
+    if format == CellFormat::Int4Columns {
+        return Err("the first operation takes row cells".into());
+    }
     if n_sm == 0 || warps == 0 {
         return Err("no SMs or no warps".into());
     }
     let mut plans = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let (rows, cols) = op.weights.shape();
-        if op.weights.format() != format {
+        let f = op.weights.format();
+        // Column cells share the int4 cells' ring (the same size).
+        if f != format && !(f == CellFormat::Int4Columns && format == CellFormat::Int4) {
             return Err(format!(
                 "operation {i}: every operation needs the same cell format"
             ));
         }
-        if rows == 0 || rows % CELL_ROWS != 0 || cols == 0 || cols % format.cols() != 0 {
-            return Err(format!(
-                "operation {i}: {rows} x {cols} is not whole {CELL_ROWS} x {} cells",
-                format.cols()
-            ));
-        }
-        let groups = cols / format.cols();
-        let mut plan = OpPlan {
-            rows,
-            groups,
-            splits: k_splits(rows, groups, op.whole, n_sm),
-            sms: Vec::new(),
+        let plan = if f == CellFormat::Int4Columns {
+            // Whole 16-column blocks within 128-column groups, any number of rows.
+            if rows == 0 || cols == 0 || cols % GROUP != 0 {
+                return Err(format!(
+                    "operation {i}: {rows} x {cols} is not whole {COL_CELL_COLS}-column blocks of int4 groups"
+                ));
+            }
+            OpPlan {
+                rows,
+                k: cols,
+                format: f,
+                groups: rows.div_ceil(COL_CELL_ROWS),
+                splits: 1,
+                sms: Vec::new(),
+            }
+        } else {
+            if rows == 0 || rows % CELL_ROWS != 0 || cols == 0 || cols % format.cols() != 0 {
+                return Err(format!(
+                    "operation {i}: {rows} x {cols} is not whole {CELL_ROWS} x {} cells",
+                    format.cols()
+                ));
+            }
+            let groups = cols / format.cols();
+            OpPlan {
+                rows,
+                k: cols,
+                format: f,
+                groups,
+                splits: k_splits(rows, groups, op.whole, n_sm),
+                sms: Vec::new(),
+            }
         };
-        if let (true, Some(prev)) = (op.after_prev, plans.last()) {
+        let mut plan = plan;
+        if let (true, Some(prev), false) =
+            (op.after_prev, plans.last(), f == CellFormat::Int4Columns)
+        {
             plan.sms = away_from(prev, &plan, n_sm, warps);
         }
         plans.push(plan);
@@ -281,6 +329,13 @@ fn sm_order(plan: &OpPlan, n_sm: usize, warps: usize, s: usize) -> Vec<(usize, u
     let (u0, nt) = plan.sm_units(n_sm, s);
     let gu = plan.unit_groups();
     let mut out = Vec::with_capacity(nt * gu);
+    if plan.format == CellFormat::Int4Columns {
+        // Unit by unit, cell by cell: the consumer warps take them in turn (ss_ple_columns).
+        for u in u0..u0 + nt {
+            out.extend((0..gu).map(|c| (u, c)));
+        }
+        return out;
+    }
     let mut p = 0;
     while p * warps < nt {
         let q = pass_of(nt, p, gu, warps);
@@ -317,6 +372,26 @@ fn encode_cell(w: &Weights, tile: usize, group: usize, out: &mut [u8]) {
                 }
                 let scale = m.scales[row * (m.cols / GROUP) + group];
                 out[1024 + 2 * rr..1024 + 2 * rr + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        Weights::Int4Columns(m) => {
+            // Row rr of the cell is row 96 group + rr of the matrix (zeros past its end), its
+            // 16 columns those of block `tile`.
+            let gs = m.cols / GROUP;
+            for rr in 0..COL_CELL_ROWS {
+                let row = group * COL_CELL_ROWS + rr;
+                if row >= m.rows {
+                    break;
+                }
+                for j in 0..COL_CELL_COLS / 2 {
+                    let c = tile * COL_CELL_COLS + 2 * j;
+                    let lo = (m.q(row, c) + 8) as u8;
+                    let hi = (m.q(row, c + 1) + 8) as u8;
+                    out[8 * rr + j] = lo | hi << 4;
+                }
+                let scale = m.scales[row * gs + tile * COL_CELL_COLS / GROUP];
+                let at = 8 * COL_CELL_ROWS + 2 * rr;
+                out[at..at + 2].copy_from_slice(&scale.to_le_bytes());
             }
         }
         Weights::Bf16 { cols, bits, .. } => {
@@ -425,10 +500,13 @@ impl Streams {
 /// values (int4: `q * scale`) with `x`.
 pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
     let plan = &st.ops[op];
-    let cell = st.format.bytes();
-    let cols = st.format.cols();
-    assert_eq!(x.len(), plan.groups * cols, "input length");
+    let cell = plan.format.bytes();
+    let cols = plan.format.cols();
+    assert_eq!(x.len(), plan.k, "input length");
     let gu = plan.unit_groups();
+    if plan.format == CellFormat::Int4Columns {
+        return walk_columns(st, op, x);
+    }
     let mut parts = vec![0.0f32; plan.splits * plan.rows];
     for s in 0..st.n_sm {
         // Everything per SM from its share, as the kernel gets it: no divisions below.
@@ -465,7 +543,7 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
                     let pos = pb + r * q.np * q.kw + ti * cnt + sl;
                     let bytes = &st.bytes[pos * cell..(pos + 1) * cell];
                     let xg = &x[(slice * gu + g) * cols..][..cols];
-                    let rows = decode_cell(st.format, bytes);
+                    let rows = decode_cell(plan.format, bytes);
                     for (rr, vals) in rows.iter().enumerate() {
                         let dot: f32 = vals.iter().zip(xg).map(|(w, v)| w * v).sum();
                         parts[slice * plan.rows + tile * CELL_ROWS + rr] += dot;
@@ -477,6 +555,50 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
     }
     (0..plan.rows)
         .map(|r| (0..plan.splits).map(|j| parts[j * plan.rows + r]).sum())
+        .collect()
+}
+
+/// [`walk`] of a column operation: each SM's cells in turn from its share's first, unit by unit
+/// (a column block: its 16 columns of every row), as the fused PLE operation's warps take them;
+/// the blocks' products added per row in unit order (the kernel adds them in fixed point, in any
+/// order).
+fn walk_columns(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
+    let plan = &st.ops[op];
+    let cell = plan.format.bytes();
+    let gu = plan.unit_groups();
+    let mut parts = vec![0.0f32; plan.tiles() * plan.rows];
+    for s in 0..st.n_sm {
+        let share = st.sm_shares(s)[op];
+        let base = st.sm_base[s] + share.first_cell as usize;
+        for i in 0..share.units as usize * gu {
+            let (unit, c) = (share.first_unit as usize + i / gu, i % gu);
+            let pos = base + i;
+            let vals = decode_column_cell(&st.bytes[pos * cell..(pos + 1) * cell]);
+            let xb = &x[unit * COL_CELL_COLS..][..COL_CELL_COLS];
+            for (rr, row) in vals.iter().enumerate() {
+                let r = c * COL_CELL_ROWS + rr;
+                if r < plan.rows {
+                    parts[unit * plan.rows + r] +=
+                        row.iter().zip(xb).map(|(w, v)| w * v).sum::<f32>();
+                }
+            }
+        }
+    }
+    (0..plan.rows)
+        .map(|r| (0..plan.tiles()).map(|u| parts[u * plan.rows + r]).sum())
+        .collect()
+}
+
+/// A column cell's 96 rows of 16 values, read as the kernel's lane reads its rows (8 bytes of
+/// nibbles, then the row's scale).
+fn decode_column_cell(b: &[u8]) -> Vec<[f32; COL_CELL_COLS]> {
+    (0..COL_CELL_ROWS)
+        .map(|rr| {
+            let at = 8 * COL_CELL_ROWS + 2 * rr;
+            let s = f32::from_bits((u16::from_le_bytes([b[at], b[at + 1]]) as u32) << 16);
+            let w = u64::from_le_bytes(b[8 * rr..8 * rr + 8].try_into().unwrap());
+            std::array::from_fn(|c| (((w >> (4 * c)) & 0xF) as i32 - 8) as f32 * s)
+        })
         .collect()
 }
 
@@ -502,6 +624,7 @@ fn decode_cell(format: CellFormat, b: &[u8]) -> Vec<Vec<f32>> {
                     }
                 }
             }
+            CellFormat::Int4Columns => unreachable!("column cells: decode_column_cell"),
             CellFormat::Bf16 => {
                 // Step s: registers a0..a3 = (row g, k 2c..), (g + 8, 2c..), (g, 8 + 2c..),
                 // (g + 8, 8 + 2c..) of columns 16 s + k.
@@ -853,6 +976,63 @@ mod tests {
         assert!((0..132).all(|s| st.ops[1].sm_units(132, s).1 <= 5));
         let x = input(proj.cols);
         assert!(close(&walk(&st, 1, &x), &gemv(&proj.dequantize(), &x)));
+    }
+
+    /// A whole GEMV followed by a column operation over its outputs (the fused PLE gate and
+    /// projection): each SM's column blocks are its row tiles of the first, and the column cells
+    /// walk back to the plain product, rows past a cell's end included.
+    #[test]
+    fn column_cells_follow_the_row_tiles_and_walk_back() {
+        for (n_sm, warps, k, rows) in [
+            (7, 4, 2560, 2560),
+            (13, 12, 384, 200),
+            (40, 8, 1280, 96),
+            (132, 11, 2560, 2560),
+        ] {
+            let pd = 256;
+            let gate = quantize_int4(&matrix(pd, k, 41));
+            let proj = quantize_int4(&matrix(rows, pd, 42));
+            let ops = [
+                StreamOp {
+                    weights: Weights::Int4(&gate),
+                    whole: true,
+                    after_prev: false,
+                },
+                StreamOp {
+                    weights: Weights::Int4Columns(&proj),
+                    whole: true,
+                    after_prev: true,
+                },
+            ];
+            let st = build(&ops, n_sm, warps).unwrap();
+            let (g, c) = (&st.ops[0], &st.ops[1]);
+            assert_eq!((g.splits, c.splits), (1, 1));
+            assert_eq!((c.tiles(), c.groups), (pd / 16, rows.div_ceil(96)));
+            assert!(c.sms.is_empty());
+            for s in 0..n_sm {
+                assert_eq!(g.sm_units(n_sm, s), c.sm_units(n_sm, s), "SM {s}");
+                let sh = st.sm_shares(s);
+                assert_eq!(
+                    sh[1].first_cell,
+                    sh[0].first_cell + sh[0].units * g.groups as u32
+                );
+            }
+            let x = input(k);
+            assert!(close(&walk(&st, 0, &x), &gemv(&gate.dequantize(), &x)));
+            let x = input(pd);
+            assert!(
+                close(&walk(&st, 1, &x), &gemv(&proj.dequantize(), &x)),
+                "{n_sm} SMs, {rows} rows"
+            );
+        }
+        // Column cells first, or of a width that is not whole int4 groups: errors.
+        let m = quantize_int4(&matrix(96, 128, 43));
+        let col = StreamOp {
+            weights: Weights::Int4Columns(&m),
+            whole: true,
+            after_prev: false,
+        };
+        assert!(build(&[col], 4, 4).is_err());
     }
 
     #[test]

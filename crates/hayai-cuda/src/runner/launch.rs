@@ -173,6 +173,24 @@ pub(crate) struct StreamParams {
     /// The step's position (`step_io[1]`, every attention's `pos`), read once at the start.
     pub(crate) pos: u64,
 }
+/// The streamed step's fused per-layer-embedding operation (kernels/step.cu `PleFusedParams`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PleFusedParams {
+    /// The gate's GEMV (whole along K).
+    pub(crate) g: GemvParams,
+    /// The layer's per-layer input (the projection's `act_mult` in the launch plan).
+    pub(crate) act_mult: u64,
+    /// `[p_rows]` u64: this layer's accumulator (fixed point, 2^-32 units).
+    pub(crate) acc: u64,
+    /// `[p_rows]` u64: the accumulator this operation zeroes (the previous layer's).
+    pub(crate) zero: u64,
+    pub(crate) p_rows: i32,
+    pub(crate) pad: i32,
+}
+const _: () = assert!(std::mem::size_of::<PleFusedParams>() == 216);
+const _: () = assert!(std::mem::size_of::<PleFusedParams>() <= STEP_OP_BYTES - 8);
+
 /// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`), its threads,
 /// and the bytes of one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments
 /// (96 groups of 16 entries of 8 bytes).

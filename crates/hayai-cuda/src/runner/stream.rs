@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::step_streams::step_streams;
-use crate::stream_layout::{OpPlan, SmShare, Streams};
+use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 
 /// Ring depths the kernel is compiled for (`decode_stream_r{N}`), deepest first.
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
@@ -78,16 +78,46 @@ impl CudaRunner {
     pub(super) fn stream_launch(&mut self) -> Result<Launch, CudaError> {
         let cfg = self.step_kernel.as_ref().expect("stream config");
         let (kernel, grid, smem, x_floats) = (cfg.kernel, cfg.grid, cfg.smem, cfg.x_floats);
-        let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS)?;
+        if std::env::var("HAYAI_STREAM_PLE_FUSED").as_deref() == Ok("1") && !ple_fused_built() {
+            return Err(CudaError::Unsupported(
+                "HAYAI_STREAM_PLE_FUSED=1: these kernels have no fused PLE operation (a \
+                 measurement build: HAYAI_CUDA_DEFINES=-DSS_PLE_FUSED=1)"
+                    .into(),
+            ));
+        }
+        let fused = ple_fused_wanted(&self.model.spec);
+        let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS, fused)?;
         let streams = &st.streams;
-        let ops: Vec<(&str, &str, &[u64])> = self
+        let ops: Vec<(&'static str, &'static str, &[u64])> = self
             .plan
             .iter()
             .map(|l| (l.kernel, l.label, &l.params[..]))
             .collect();
-        let StreamRecords { bytes, n_gemv, pos } = stream_records(&ops, &st.labels, &streams.ops)?;
-        let n = ops.len();
-        let meta = timeline_meta(&ops, streams, grid);
+        // The fused PLE operation's accumulators, one per layer ([layers][hidden] u64), zeroed
+        // here once; each is zeroed again by the next layer's operation after its reader.
+        let accs = if fused {
+            let layers = st.labels.iter().filter(|l| **l == "gemv.ple_gate").count();
+            let rows = self.model.spec.hidden;
+            Some((self.gpu.alloc(layers * rows * 8)?, rows))
+        } else {
+            None
+        };
+        let StreamRecords {
+            bytes,
+            n_gemv,
+            pos,
+            names,
+        } = stream_records(
+            &ops,
+            &st.labels,
+            &streams.ops,
+            accs.as_ref().map(|(b, rows)| PleAccs {
+                base: b.ptr(),
+                rows: *rows,
+            }),
+        )?;
+        let n = names.len();
+        let meta = timeline_meta(&names, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
         let sm_base: Vec<u64> = streams.sm_base[..grid].iter().map(|&b| b as u64).collect();
         let sm_cells: Vec<u32> = (0..grid).map(|s| streams.sm_cells(s) as u32).collect();
@@ -138,14 +168,16 @@ impl CudaRunner {
             timing: timing.ptr(),
             ..p
         });
-        let labels = self.plan.iter().map(|l| l.label).collect();
+        let labels = names.iter().map(|(_, l)| *l).collect();
         self.step_profile = Some((profiled, labels, timing.ptr()));
         self.stream_debug = Some(StreamDebug {
             ops: self.plan.clone(),
             params: p,
             launch: l.clone(),
+            fused,
         });
         self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
+        self.step_bufs.extend(accs.map(|(b, _)| b));
         Ok(l)
     }
 
@@ -163,6 +195,13 @@ impl CudaRunner {
         self.gpu.write(self.scratch.step_io.ptr(), &io)?;
         let mut out = Vec::new();
         if let Some(d) = &self.stream_debug {
+            if d.fused {
+                return Err(CudaError::Unsupported(
+                    "operation outputs: not with the streamed step's fused PLE operation \
+                     (HAYAI_STREAM_PLE_FUSED=0 runs gate and projection apart)"
+                        .into(),
+                ));
+            }
             let n = d.ops.len();
             for (k, op) in d.ops.iter().enumerate() {
                 self.gpu.write(d.params.done, &vec![0u32; 2 * n])?;
@@ -305,6 +344,37 @@ pub(crate) struct StreamDebug {
     ops: Vec<Launch>,
     params: StreamParams,
     launch: Launch,
+    /// The PLE gates and projections run fused (their records are not the plan's one to one).
+    fused: bool,
+}
+
+/// Whether the streamed step runs each per-layer-embedding gate and projection as one operation
+/// (kernels/stream_step.cu `ss_ple_columns`): only in a measurement build whose kernels have it
+/// (`HAYAI_CUDA_DEFINES=-DSS_PLE_FUSED=1`, measured slower than the two GEMVs:
+/// docs/performance.md, twenty-fifth session), for models with per-layer embeddings in at least
+/// two layers (each layer's operation zeroes the previous layer's accumulator), unless
+/// `HAYAI_STREAM_PLE_FUSED=0`. Its projection takes the gate's outputs as a bf16 pair
+/// (`MatmulInputs::ple_projection`), which `check::set_decode_twin` gives the CPU twin.
+pub(crate) fn ple_fused_wanted(spec: &hayai_model::ModelSpec) -> bool {
+    ple_fused_built()
+        && spec.ple.is_some()
+        && spec.layers.len() >= 2
+        && std::env::var("HAYAI_STREAM_PLE_FUSED").as_deref() != Ok("0")
+}
+
+/// Whether the kernels were built with the fused PLE operation (`-DSS_PLE_FUSED=1`).
+fn ple_fused_built() -> bool {
+    option_env!("HAYAI_CUDA_DEFINES_BUILT")
+        .unwrap_or("")
+        .split_whitespace()
+        .any(|d| d == "-DSS_PLE_FUSED=1")
+}
+
+/// The fused PLE operation's accumulators: `[layers][rows]` u64 from `base`.
+#[derive(Clone, Copy, Debug)]
+struct PleAccs {
+    base: u64,
+    rows: usize,
 }
 
 /// What the streamed step's timeline dump needs beside the raw stamps.
@@ -316,12 +386,12 @@ pub(crate) struct StreamTimeline {
     pub meta: String,
 }
 
-fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -> String {
+fn timeline_meta(ops: &[(&str, &str)], streams: &Streams, grid: usize) -> String {
     let mut s = format!(
         "{{\"n_ops\": {}, \"n_sm\": {grid}, \"stamps\": {STEP_STAMPS}, \"tl_chunks\": {STREAM_TL_CHUNKS}, \"tl_slots\": {STREAM_TL_SLOTS}, \"chunk_cells\": 16, \"ops\": [",
         ops.len()
     );
-    for (i, (kernel, label, _)) in ops.iter().enumerate() {
+    for (i, (kernel, label)) in ops.iter().enumerate() {
         let sep = if i > 0 { ", " } else { "" };
         s += &format!("{sep}[\"{kernel}\", \"{label}\"]");
     }
@@ -346,20 +416,23 @@ fn timeline_meta(ops: &[(&str, &str, &[u64])], streams: &Streams, grid: usize) -
 /// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
 /// same order with the same shapes and K splits (labels from `step_streams`), and the attentions
 /// against what the kernel assumes of them: one position for all (it reads it once; head dims:
-/// `stream_config`).
+/// `stream_config`). With `ple` (streams laid out for it), each PLE gate and projection become
+/// one fused record (kind 5, the gate's ordinal: its share and then the column operation's) and
+/// the GEMV after it reads the layer's accumulator instead of the projection's partials.
 fn stream_records(
-    ops: &[(&str, &str, &[u64])],
+    ops: &[(&'static str, &'static str, &[u64])],
     labels: &[&str],
     plans: &[OpPlan],
+    ple: Option<PleAccs>,
 ) -> Result<StreamRecords, CudaError> {
     let err = |m: String| CudaError::Unsupported(format!("streamed step: {m}"));
     if ops.len() < 2 {
         return Err(err("fewer than two operations".into()));
     }
-    let mut bytes = vec![0u8; ops.len() * STEP_OP_BYTES];
+    let mut recs: Vec<Rec> = Vec::with_capacity(ops.len());
     let mut gi = 0usize;
     let mut pos = None;
-    for (i, &(kernel, label, words)) in ops.iter().enumerate() {
+    for &(kernel, label, words) in ops {
         let kind: i32 = match kernel {
             "gemv" => 0,
             "attn_split" => 1,
@@ -368,38 +441,39 @@ fn stream_records(
             "argmax_stage2" => 4,
             k => return Err(err(format!("no operation for kernel {k}"))),
         };
-        let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        if params.len() > STEP_OP_BYTES - 8 {
+        if words.len() * 8 > STEP_OP_BYTES - 8 {
             return Err(err(format!("{label} parameters exceed an operation")));
         }
+        let mut words = words.to_vec();
         let mut ordinal = 0i32;
         if kind == 0 {
-            let field = |off: usize| -> Result<usize, CudaError> {
-                params
-                    .get(off..off + 4)
-                    .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-                    .ok_or_else(|| err(format!("{label}: short GEMV parameters")))
-            };
-            let (rows, cols, splits) = (
-                field(std::mem::offset_of!(GemvParams, rows))?,
-                field(std::mem::offset_of!(GemvParams, cols))?,
-                field(std::mem::offset_of!(GemvParams, splits))?,
-            );
+            if words.len() * 8 < std::mem::size_of::<GemvParams>() {
+                return Err(err(format!("{label}: short GEMV parameters")));
+            }
+            let mut g: GemvParams = read_param(&words, 0);
+            let (rows, cols, splits) = (g.rows as usize, g.cols as usize, g.splits as usize);
             let (plan, want) = plans
                 .get(gi)
                 .zip(labels.get(gi))
                 .ok_or_else(|| err("more GEMVs than streams".into()))?;
+            // Fused, the gate is whole along K (the stream's split, not the plan's) and the
+            // projection's split is not used.
+            let columns = plan.format == CellFormat::Int4Columns;
+            let fused_gate = ple.is_some() && label == "gemv.ple_gate";
             if *want != label
                 || plan.rows != rows
-                || plan.groups * 128 != cols
-                || plan.splits != splits
+                || plan.k != cols
+                || !(plan.splits == splits || fused_gate || columns)
+                || (columns && ple.is_none())
             {
                 return Err(err(format!(
                     "GEMV {gi} ({label}, {rows} x {cols}, {splits} K splits) does not match its stream ({want}, {} x {}, {})",
-                    plan.rows,
-                    plan.groups * 128,
-                    plan.splits
+                    plan.rows, plan.k, plan.splits
                 )));
+            }
+            if fused_gate {
+                g.splits = plan.splits as i32;
+                write_param(&mut words, 0, &g);
             }
             ordinal = gi as i32;
             gi += 1;
@@ -408,17 +482,20 @@ fn stream_records(
             if words.len() * 8 < std::mem::size_of::<AttnParams>() {
                 return Err(err(format!("{label}: short attention parameters")));
             }
-            let a: AttnParams = read_param(words, 0);
+            let a: AttnParams = read_param(&words, 0);
             if *pos.get_or_insert(a.pos) != a.pos {
                 return Err(err(format!(
                     "{label}: reads another position than the step's other attentions"
                 )));
             }
         }
-        let op = &mut bytes[i * STEP_OP_BYTES..(i + 1) * STEP_OP_BYTES];
-        op[0..4].copy_from_slice(&kind.to_le_bytes());
-        op[4..8].copy_from_slice(&ordinal.to_le_bytes());
-        op[8..8 + params.len()].copy_from_slice(&params);
+        recs.push(Rec {
+            kind,
+            ordinal,
+            words,
+            kernel,
+            label,
+        });
     }
     if gi != plans.len() {
         return Err(err(format!(
@@ -426,20 +503,127 @@ fn stream_records(
             plans.len()
         )));
     }
+    if let Some(acc) = ple {
+        recs = fuse_ple_records(recs, plans, acc)?;
+    }
+    let mut bytes = vec![0u8; recs.len() * STEP_OP_BYTES];
+    for (r, op) in recs.iter().zip(bytes.chunks_mut(STEP_OP_BYTES)) {
+        op[0..4].copy_from_slice(&r.kind.to_le_bytes());
+        op[4..8].copy_from_slice(&r.ordinal.to_le_bytes());
+        for (w, b) in r.words.iter().zip(op[8..].chunks_mut(8)) {
+            b.copy_from_slice(&w.to_le_bytes());
+        }
+    }
     Ok(StreamRecords {
         bytes,
         n_gemv: gi,
         pos: pos.unwrap_or(0),
+        names: recs.iter().map(|r| (r.kernel, r.label)).collect(),
     })
 }
 
+/// One operation record before it is written out.
+#[derive(Clone, Debug)]
+struct Rec {
+    kind: i32,
+    ordinal: i32,
+    words: Vec<u64>,
+    kernel: &'static str,
+    label: &'static str,
+}
+
+/// Each `gemv.ple_gate` record and the `gemv.ple_proj` after it as one fused record (kernels/step.cu
+/// `PleFusedParams`): layer l's sums go to accumulator l, and its operation zeroes accumulator
+/// l - 1 (the first layer's, the last's: read by lm_head in the step before). The next GEMV (the
+/// next layer's QKV, or lm_head) must read the projection's output; it reads the accumulator
+/// instead (`in_splits` -1).
+fn fuse_ple_records(recs: Vec<Rec>, plans: &[OpPlan], acc: PleAccs) -> Result<Vec<Rec>, CudaError> {
+    let err = |m: String| CudaError::Unsupported(format!("streamed step: fused PLE: {m}"));
+    let layers = recs.iter().filter(|r| r.label == "gemv.ple_gate").count();
+    if layers < 2 {
+        return Err(err(format!(
+            "{layers} layers with per-layer embeddings (at least 2)"
+        )));
+    }
+    let at = |l: usize| acc.base + (l * acc.rows * 8) as u64;
+    let mut out = Vec::with_capacity(recs.len());
+    let mut layer = 0;
+    // The projection's output, and the accumulator its reader takes instead.
+    let mut pending: Option<(u64, u64)> = None;
+    let mut i = 0;
+    while i < recs.len() {
+        let mut r = recs[i].clone();
+        if r.kind == 0 {
+            if let Some((from, to)) = pending.take() {
+                let mut g: GemvParams = read_param(&r.words, 0);
+                if g.input != from {
+                    return Err(err(format!(
+                        "{} does not read the projection's output",
+                        r.label
+                    )));
+                }
+                g.input = to;
+                g.in_splits = -1;
+                g.in_ld = 0;
+                write_param(&mut r.words, 0, &g);
+            }
+        }
+        if r.label != "gemv.ple_gate" {
+            out.push(r);
+            i += 1;
+            continue;
+        }
+        let proj = recs
+            .get(i + 1)
+            .filter(|p| p.label == "gemv.ple_proj")
+            .ok_or_else(|| err("a gate without its projection after it".into()))?;
+        let (gp, cp) = (&plans[r.ordinal as usize], &plans[proj.ordinal as usize]);
+        if gp.splits != 1 || cp.format != CellFormat::Int4Columns || gp.tiles() != cp.tiles() {
+            return Err(err("the streams are not laid out for it".into()));
+        }
+        let (g, p): (GemvParams, GemvParams) =
+            (read_param(&r.words, 0), read_param(&proj.words, 0));
+        if p.rows as usize != acc.rows || p.cols != g.rows || p.act_mult == 0 {
+            return Err(err(format!(
+                "gate {} x {}, projection {} x {} (accumulators of {})",
+                g.rows, g.cols, p.rows, p.cols, acc.rows
+            )));
+        }
+        let f = PleFusedParams {
+            g,
+            act_mult: p.act_mult,
+            acc: at(layer),
+            zero: at((layer + layers - 1) % layers),
+            p_rows: p.rows,
+            pad: 0,
+        };
+        let mut words = vec![0u64; std::mem::size_of::<PleFusedParams>().div_ceil(8)];
+        write_param(&mut words, 0, &f);
+        out.push(Rec {
+            kind: 5,
+            ordinal: r.ordinal,
+            words,
+            kernel: "ple_fused",
+            label: "gemv.ple_fused",
+        });
+        pending = Some((p.out, at(layer)));
+        layer += 1;
+        i += 2;
+    }
+    if pending.is_some() {
+        return Err(err("no GEMV reads the last projection".into()));
+    }
+    Ok(out)
+}
+
 /// What `stream_records` makes of a plan: the operation records, the number of GEMVs, the
-/// step's position's address (0 without attention).
+/// step's position's address (0 without attention), every record's (kernel, label).
 #[derive(Debug)]
 struct StreamRecords {
     bytes: Vec<u8>,
     n_gemv: usize,
     pos: u64,
+    names: Vec<(&'static str, &'static str)>,
 }
 
 #[cfg(test)]
@@ -461,6 +645,8 @@ mod tests {
     fn plan(rows: usize, groups: usize, splits: usize) -> OpPlan {
         OpPlan {
             rows,
+            k: groups * 128,
+            format: crate::stream_layout::CellFormat::Int4,
             groups,
             splits,
             sms: Vec::new(),
@@ -517,11 +703,7 @@ mod tests {
             4,
         )
         .unwrap();
-        let w = [0u64; 4];
-        let ops = [
-            ("gemv", "gemv.o", &w[..]),
-            ("argmax_stage1", "argmax", &w[..]),
-        ];
+        let ops = [("gemv", "gemv.o"), ("argmax_stage1", "argmax")];
         let meta = timeline_meta(&ops, &st, 3);
         assert!(meta.starts_with("{\"n_ops\": 2, \"n_sm\": 3, "), "{meta}");
         assert!(meta.contains("\"ops\": [[\"gemv\", \"gemv.o\"], [\"argmax_stage1\", \"argmax\"]]"));
@@ -565,7 +747,10 @@ mod tests {
             bytes: b,
             n_gemv: n,
             pos,
-        } = stream_records(&ops, &labels, &plans).unwrap();
+            names,
+        } = stream_records(&ops, &labels, &plans, None).unwrap();
+        assert_eq!(names.len(), 4);
+        assert_eq!(names[1], ("attn_split", "attention"));
         assert_eq!((n, pos), (2, 0x1004));
         assert_eq!(b.len(), 4 * STEP_OP_BYTES);
         let word = |op: usize, at: usize| {
@@ -594,7 +779,7 @@ mod tests {
             (vec!["gemv.o"], vec![plan(64, 2, 2)]),
             (vec![], vec![]),
         ] {
-            let e = stream_records(&ops, &labels, &plans)
+            let e = stream_records(&ops, &labels, &plans, None)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("streamed step"), "{e}");
@@ -604,6 +789,7 @@ mod tests {
             &ops,
             &["gemv.qkv", "gemv.o"],
             &[plan(64, 2, 2), plan(16, 1, 1)],
+            None,
         )
         .unwrap_err()
         .to_string();
@@ -612,7 +798,7 @@ mod tests {
             ("gemv_mma", "gemv.qkv", &qkv[..]),
             ("argmax_stage2", "argmax", &qkv[..]),
         ];
-        let e = stream_records(&odd, &["gemv.qkv"], &[plan(64, 2, 2)])
+        let e = stream_records(&odd, &["gemv.qkv"], &[plan(64, 2, 2)], None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("no operation for kernel gemv_mma"), "{e}");
@@ -633,8 +819,137 @@ mod tests {
         ] {
             let mut ops = ops;
             ops.push(("argmax_stage2", "argmax", &qkv[..]));
-            let e = stream_records(&ops, &[], &[]).unwrap_err().to_string();
+            let e = stream_records(&ops, &[], &[], None)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want), "{e}");
         }
+    }
+
+    /// Two layers' PLE gates and projections as fused records: each the gate's parameters
+    /// (whole along K), the projection's per-layer input, its layer's accumulator and the
+    /// previous one's to zero; the GEMV after it reads the accumulator.
+    #[test]
+    fn fused_ple_records_take_the_gate_and_projection_and_feed_the_next_gemv() {
+        let gemv_p = |rows, cols, splits, input: u64, out: u64, act_mult: u64| {
+            let p = GemvParams {
+                rows,
+                cols,
+                splits,
+                input,
+                out,
+                act_mult,
+                in_splits: 2,
+                ..Default::default()
+            };
+            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
+            write_param(&mut w, 0, &p);
+            w
+        };
+        let (hid, pd) = (256usize, 32usize);
+        let qkv = gemv_p(64, hid as i32, 1, 0x900, 0xA00, 0);
+        let gate = |l: u64| gemv_p(pd as i32, hid as i32, 2, 0xB00 + l, 0xC00, 0);
+        let proj = |l: u64| gemv_p(hid as i32, pd as i32, 2, 0xC00, 0xD00 + l, 0xE00 + l);
+        let head = gemv_p(128, hid as i32, 1, 0xD01, 0xF00, 0);
+        let (g0, p0, g1, p1) = (gate(0), proj(0), gate(1), proj(1));
+        let qkv1 = gemv_p(64, hid as i32, 1, 0xD00, 0xA00, 0);
+        let ops = [
+            ("gemv", "gemv.qkv", &qkv[..]),
+            ("gemv", "gemv.ple_gate", &g0[..]),
+            ("gemv", "gemv.ple_proj", &p0[..]),
+            ("gemv", "gemv.qkv", &qkv1[..]),
+            ("gemv", "gemv.ple_gate", &g1[..]),
+            ("gemv", "gemv.ple_proj", &p1[..]),
+            ("gemv", "gemv.lm_head", &head[..]),
+            ("argmax_stage1", "argmax", &qkv[..]),
+        ];
+        let labels: Vec<&str> = ops.iter().filter(|o| o.0 == "gemv").map(|o| o.1).collect();
+        let col = |rows: usize| OpPlan {
+            rows,
+            k: pd,
+            format: CellFormat::Int4Columns,
+            groups: rows.div_ceil(96),
+            splits: 1,
+            sms: Vec::new(),
+        };
+        let plans = [
+            plan(64, 2, 1),
+            plan(pd, 2, 1),
+            col(hid),
+            plan(64, 2, 1),
+            plan(pd, 2, 1),
+            col(hid),
+            plan(128, 2, 1),
+        ];
+        let acc = PleAccs {
+            base: 0x10000,
+            rows: hid,
+        };
+        let r = stream_records(&ops, &labels, &plans, Some(acc)).unwrap();
+        assert_eq!(r.n_gemv, 7);
+        let kinds: Vec<&str> = r.names.iter().map(|n| n.0).collect();
+        assert_eq!(
+            kinds,
+            [
+                "gemv",
+                "ple_fused",
+                "gemv",
+                "ple_fused",
+                "gemv",
+                "argmax_stage1"
+            ]
+        );
+        let rec = |i: usize| -> Vec<u64> {
+            r.bytes[i * STEP_OP_BYTES + 8..(i + 1) * STEP_OP_BYTES]
+                .chunks(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                .collect()
+        };
+        let word = |i: usize, at: usize| {
+            i32::from_le_bytes(r.bytes[i * STEP_OP_BYTES + at..][..4].try_into().unwrap())
+        };
+        let layer = (hid * 8) as u64;
+        for (i, l, ordinal) in [(1usize, 0u64, 1), (3, 1, 4)] {
+            assert_eq!((word(i, 0), word(i, 4)), (5, ordinal));
+            let f: PleFusedParams = read_param(&rec(i), 0);
+            assert_eq!((f.g.rows, f.g.splits, f.g.input), (pd as i32, 1, 0xB00 + l));
+            assert_eq!((f.act_mult, f.p_rows), (0xE00 + l, hid as i32));
+            assert_eq!(
+                (f.acc, f.zero),
+                (0x10000 + l * layer, 0x10000 + (1 - l) * layer)
+            );
+            // The GEMV after it reads the accumulator.
+            let next: GemvParams = read_param(&rec(i + 1), 0);
+            assert_eq!((next.input, next.in_splits), (f.acc, -1));
+        }
+        let first: GemvParams = read_param(&rec(0), 0);
+        assert_eq!((first.input, first.in_splits), (0x900, 2));
+        // Unfused streams (row cells) refuse fusion; column cells refuse records without it.
+        let unfused: Vec<OpPlan> = plans
+            .iter()
+            .map(|p| {
+                if p.format == CellFormat::Int4Columns {
+                    plan(hid, 1, 2)
+                } else {
+                    p.clone()
+                }
+            })
+            .collect();
+        assert!(stream_records(&ops, &labels, &unfused, Some(acc)).is_err());
+        assert!(stream_records(&ops, &labels, &plans, None).is_err());
+        // The GEMV after a projection must read its output.
+        let stray = gemv_p(128, hid as i32, 1, 0x1234, 0xF00, 0);
+        let mut bad = ops;
+        bad[6] = ("gemv", "gemv.lm_head", &stray[..]);
+        let e = stream_records(&bad, &labels, &plans, Some(acc))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not read the projection's output"), "{e}");
+        // One layer: no previous accumulator to zero.
+        let one = &ops[3..];
+        let e = stream_records(one, &labels[3..], &plans[3..], Some(acc))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("1 layers"), "{e}");
     }
 }
