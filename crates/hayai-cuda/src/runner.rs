@@ -344,6 +344,9 @@ impl CudaRunner {
         let spec = &model.spec;
         spec.validate().map_err(ModelError::Config)?;
         check_supported(spec)?;
+        if let Some(c) = opts.conflict() {
+            return Err(CudaError::Unsupported(c));
+        }
         let gpu = Gpu::new(opts.device_ordinal)?.with_pdl(opts.pdl);
         gpu.bind()?;
         let max_ctx = opts

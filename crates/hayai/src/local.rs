@@ -670,7 +670,8 @@ pub struct GpuVariantArgs {
     /// Persistent GEMV kernel instead of the tiled one.
     #[arg(long)]
     pub persistent_gemv: bool,
-    /// Per-layer-embedding GEMV pair in one launch with a grid barrier.
+    /// Per-layer-embedding GEMV pair in one launch with a grid barrier (no int8 activations:
+    /// not with --quant int4-a8).
     #[arg(long)]
     pub fuse_ple: bool,
     /// Tiled GEMV with 8 loads in flight per lane.

@@ -44,6 +44,9 @@ pub fn cuda_options(args: &ModelArgs) -> Result<hayai_cuda::CudaOptions> {
             "--quant int4-a8: the chosen decode variant (--persistent-gemv or --single-kernel) has no int8-activation path"
         );
     }
+    if let Some(c) = opts.conflict() {
+        anyhow::bail!(c);
+    }
     Ok(opts)
 }
 

@@ -265,6 +265,9 @@ fn malformed_inputs_fail_clearly() {
     // before any GPU is looked for), and int4-a8 fixes the CPU's matrix-product inputs.
     let out = gen1(&["--device", "cuda", "--quant", "int4", "--streamed-step"]);
     fails_with(&out, "--quant int4-a8");
+    // The one-launch PLE pair has no int8 activations (also before any GPU is looked for).
+    let out = gen1(&["--device", "cuda", "--quant", "int4-a8", "--fuse-ple"]);
+    fails_with(&out, "--fuse-ple");
     let out = gen1(&[
         "--device",
         "cpu",

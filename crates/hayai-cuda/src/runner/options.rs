@@ -202,6 +202,18 @@ impl CudaOptions {
                 || self.int8_activations && !(self.persistent_gemv || self.single_kernel))
     }
 
+    /// A combination of options the decode step cannot run as asked, in words (None: none).
+    /// `fuse_ple` runs the PLE gate and projection as `gemv_pair`, which has no int8-activation
+    /// form, so with int8 activations those two products would not be what the CPU twin
+    /// (`check::decode_matmul_inputs`: int8 for every product) computes.
+    pub fn conflict(&self) -> Option<String> {
+        (self.fuse_ple && self.uses_int8_activations() && !self.streamed_step).then(|| {
+            "--fuse-ple (the PLE gate and projection as one launch, gemv_pair) has no int8 \
+             activations: not with --quant int4-a8 / --int8-activations"
+                .to_string()
+        })
+    }
+
     /// The decode GEMV in use, in words (benchmark reports).
     pub fn gemv_name(&self) -> &'static str {
         if self.streamed_step {
@@ -307,5 +319,36 @@ mod tests {
         };
         assert!(!cuda_cores.uses_tensor_cores());
         assert_eq!(cuda_cores.gemv_name(), "tiled");
+    }
+
+    #[test]
+    fn the_fused_ple_launch_refuses_int8_activations() {
+        let fused = CudaOptions {
+            fuse_ple: true,
+            ..CudaOptions::default()
+        };
+        assert!(fused.conflict().is_none());
+        let a8 = CudaOptions {
+            int8_activations: true,
+            ..fused.clone()
+        };
+        assert!(a8.conflict().unwrap().contains("--fuse-ple"));
+        // The streamed step (its own PLE operations) and int4-a8 without fusion are fine.
+        for ok in [
+            CudaOptions {
+                streamed_step: true,
+                ..a8.clone()
+            },
+            CudaOptions {
+                fuse_ple: false,
+                ..a8.clone()
+            },
+            CudaOptions {
+                quant: Quant::Bf16,
+                ..a8
+            },
+        ] {
+            assert!(ok.conflict().is_none());
+        }
     }
 }
