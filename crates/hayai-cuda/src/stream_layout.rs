@@ -233,7 +233,7 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                 "operation {i}: every operation needs the same cell format"
             ));
         }
-        let plan = if f == CellFormat::Int4Columns {
+        let mut plan = if f == CellFormat::Int4Columns {
             // Whole 16-column blocks within 128-column groups, any number of rows.
             if rows == 0 || cols == 0 || cols % GROUP != 0 {
                 return Err(format!(
@@ -265,10 +265,8 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                 sms: Vec::new(),
             }
         };
-        let mut plan = plan;
-        if let (true, Some(prev), false) =
-            (op.after_prev, plans.last(), f == CellFormat::Int4Columns)
-        {
+        // (Column cells go where the row tiles they match went: never away from them.)
+        if let (true, Some(prev)) = (op.after_prev && f != CellFormat::Int4Columns, plans.last()) {
             plan.sms = away_from(prev, &plan, n_sm, warps);
         }
         plans.push(plan);
