@@ -44,6 +44,7 @@ fn main() {
         println!("cargo::rustc-env=HAYAI_CUDA_ARCHS=");
         println!("cargo::rustc-env=HAYAI_CUDA_KERNELS=0");
         println!("cargo::rustc-env=HAYAI_CUDA_DEFINES_BUILT=");
+        println!("cargo::rustc-env=HAYAI_STREAM_WARPS={DEFAULT_STREAM_WARPS}");
         return;
     }
 
@@ -84,6 +85,10 @@ fn main() {
         "cargo::rustc-env=HAYAI_CUDA_DEFINES_BUILT={}",
         defines.split_whitespace().collect::<Vec<_>>().join(" ")
     );
+    // The streamed step's consumer warps (`-DSS_NW=N`, a measurement build), which the host's
+    // layout and launch must match (runner/launch.rs `STREAM_WARPS`).
+    let warps = stream_warps(&defines);
+    println!("cargo::rustc-env=HAYAI_STREAM_WARPS={warps}");
     let ptx_only = env::var("HAYAI_CUDA_PTX_ONLY").is_ok_and(|v| v == "1");
     let sass: &[&str] = if ptx_only { &[] } else { ARCHS };
     for a in sass {
@@ -102,6 +107,24 @@ fn main() {
     archs.push(PTX_ARCH.to_string());
     println!("cargo::rustc-env=HAYAI_CUDA_ARCHS={}", archs.join(","));
     println!("cargo::rustc-env=HAYAI_CUDA_KERNELS={kernels}");
+}
+
+/// kernels/stream_step.cu `SS_NW` without a define.
+const DEFAULT_STREAM_WARPS: usize = 11;
+
+/// `SS_NW` as the defines set it: 1-31 consumer warps (the producer warp makes a block of at most
+/// 1,024 threads and polls one done word per consumer warp with its 32 lanes).
+fn stream_warps(defines: &str) -> usize {
+    let mut warps = DEFAULT_STREAM_WARPS;
+    for d in defines.split_whitespace() {
+        if let Some(v) = d.strip_prefix("-DSS_NW=") {
+            warps = match v.parse::<usize>() {
+                Ok(n) if (1..=31).contains(&n) => n,
+                _ => panic!("hayai-cuda: HAYAI_CUDA_DEFINES: {d}: SS_NW must be 1-31"),
+            };
+        }
+    }
+    warps
 }
 
 fn find_nvcc(manifest: &Path) -> Option<PathBuf> {

@@ -191,10 +191,25 @@ pub(crate) struct PleFusedParams {
 const _: () = assert!(std::mem::size_of::<PleFusedParams>() == 216);
 const _: () = assert!(std::mem::size_of::<PleFusedParams>() <= STEP_OP_BYTES - 8);
 
-/// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`), its threads,
-/// and the bytes of one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments
-/// (96 groups of 16 entries of 8 bytes).
-pub(crate) const STREAM_WARPS: usize = 11;
+/// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`: 11, or what a
+/// measurement build's `-DSS_NW=N` set, as build.rs reports it), its threads, and the bytes of
+/// one ring chunk (16 cells of 1,056 bytes) and of the int8 input fragments (96 groups of 16
+/// entries of 8 bytes).
+pub(crate) const STREAM_WARPS: usize = parse_warps(env!("HAYAI_STREAM_WARPS"));
+
+/// A decimal count at compile time (build.rs validated it).
+const fn parse_warps(s: &str) -> usize {
+    let b = s.as_bytes();
+    let mut n = 0;
+    let mut i = 0;
+    while i < b.len() {
+        assert!(b[i].is_ascii_digit(), "HAYAI_STREAM_WARPS: not a number");
+        n = n * 10 + (b[i] - b'0') as usize;
+        i += 1;
+    }
+    assert!(n > 0, "HAYAI_STREAM_WARPS: no warps");
+    n
+}
 /// Ring chunks per SM the streamed step's timeline records at most (kernels/stream_step.cu
 /// `SS_TL_CHUNKS`).
 pub(crate) const STREAM_TL_CHUNKS: usize = 4096;
@@ -416,6 +431,19 @@ pub(crate) fn link_prefetches(plan: &mut [Launch], ahead: usize, own: bool, from
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_warps_follow_the_kernels_define() {
+        assert_eq!(parse_warps("11"), 11);
+        assert_eq!(parse_warps("15"), 15);
+        // build.rs reports the kernels' SS_NW: 11 unless a measurement build set it.
+        let defines = option_env!("HAYAI_CUDA_DEFINES_BUILT").unwrap_or("");
+        let set = defines
+            .split_whitespace()
+            .find_map(|d| d.strip_prefix("-DSS_NW="));
+        assert_eq!(STREAM_WARPS, set.map_or(11, |v| v.parse().unwrap()));
+        assert_eq!(STREAM_THREADS, (STREAM_WARPS + 1) * 32);
+    }
 
     /// A launch of a GEMV-like kernel (no GPU needed: it is never run).
     fn launch(reads: [(u64, usize); 2], prefetchable: bool) -> Launch {
