@@ -259,6 +259,28 @@ fn real_gemma3_270m_single_kernel_step_matches_cpu() {
     }
 }
 
+/// On a GPU: the streamed step (W4A8) on the real Gemma 3 270M against the CPU reference that
+/// rounds its matrix inputs the same way, within that rounding's floor (`ParityReport::agrees`:
+/// the one-ulp nudge floor where the int8 rounding flips), graph replay and eager launches.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn real_gemma3_270m_streamed_step_matches_cpu() {
+    require_gpu();
+    let m = real_270m();
+    let p = [2u32, 818, 5279, 529, 7001, 563, 496, 236743];
+    for use_graph in [true, false] {
+        let o = CudaOptions {
+            streamed_step: true,
+            use_graph,
+            batched_prefill: false,
+            ..opts(Quant::Int4, false)
+        };
+        let r = parity(&m, &o, &p, 256).unwrap();
+        eprintln!("270M streamed step (graph {use_graph}) {}", r.line());
+        assert!(r.agrees(1e-4), "{}", r.line());
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_variants_are_bit_identical() {
