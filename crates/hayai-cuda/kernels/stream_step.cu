@@ -29,7 +29,9 @@
 // 11 consumer warps + the producer: 12 warps, 3 per SM sub-partition, so each thread may hold 168
 // registers (13 warps put 4 on one sub-partition: 128, and the kernel spilled; measured: 12
 // consumer warps 355.8 tok/s, 11 425.5, same attention code).
-// (-DSS_NW=N, a measurement build: build.rs hands N to the host, runner/launch.rs STREAM_WARPS.)
+// -DSS_NW=N: a measurement build of N consumer warps (build.rs hands N to the host, runner/launch.rs
+// STREAM_WARPS). 15 (16 warps, 128 registers) measured 543.8-544.1 against 570.9-571.9 tok/s:
+// an SM's cells are no faster with more warps (docs/performance.md, twenty-sixth session).
 #ifndef SS_NW
 #define SS_NW 11                        // consumer warps
 #endif
@@ -267,10 +269,7 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
 // in place as 16 q (still a u8), their sums shifted back exactly. The nibbles' +8 comes off
 // through the group's integer x sum `xs8`; `xsc` is the group's x scale. xb: lanes 0-3 their B
 // entries, the others 16 zero entries (SS_CELL_DP4A: every lane its quad's B entries; SS_XB).
-// XB: where the B entries come from, xb[4 t] for t = 0..3 (a pointer into shared memory; the
-// timing probe SS_PROBE_XHOIST's values held in registers, SsXRegs).
-template <class XB>
-__device__ __forceinline__ void ss_cell(const uint4* cp, XB xb, int xs8, float xsc, int lane,
+__device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs8, float xsc, int lane,
                                         float& acc_a, float& acc_b) {
     const uint4 w0 = cp[lane], w1 = cp[32 + lane];
     const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
@@ -352,33 +351,6 @@ struct SsShared {
 #define SS_XB(grp) (lane < 4 ? xf + (grp) * 16 + lane : sm.xzero)
 #endif
 
-// SS_PROBE_XHOIST=1 (timing only, wrong sums: a measurement of what a cell's input loads cost):
-// every cell of a pass multiplies its unit's first group's x, loaded once per pass into
-// registers (SsXRegs), with that group's sum and scale. SS_XV/SS_S8/SS_SC pick the hoisted
-// values in its build and the cell's own otherwise.
-#ifndef SS_PROBE_XHOIST
-#define SS_PROBE_XHOIST 0
-#endif
-struct SsXRegs {
-    uint2 v[4];
-    __device__ __forceinline__ uint2 operator[](int i) const { return v[i >> 2]; }
-};
-#if SS_PROBE_XHOIST
-#define SS_XHOIST(grp)                                                                  \
-    const uint2* xh_ = SS_XB(grp);                                                      \
-    const SsXRegs xr_ = {{xh_[0], xh_[4], xh_[8], xh_[12]}};                            \
-    const int x8h_ = sm.xs8[grp];                                                       \
-    const float xch_ = sm.xsc[grp];
-#define SS_XV(p) xr_
-#define SS_S8(v) x8h_
-#define SS_SC(v) xch_
-#else
-#define SS_XHOIST(grp)
-#define SS_XV(p) (p)
-#define SS_S8(v) (v)
-#define SS_SC(v) (v)
-#endif
-
 // One GEMV: the prologue (input partials, residual, norms: gemv_prologue), the quantization of
 // the groups this SM multiplies, then its units' cells from the ring, the rows of each pass stored
 // as partial vector `slice` of the output.
@@ -456,7 +428,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             int u_slice, u_tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
             const int gofs = u_slice * gu;  // the unit's first group
-            SS_XHOIST(gofs)
             if (q.kw == 1) {
                 // One unit a warp (gate/up's passes, lm_head's): its cells are np apart in the
                 // stream, round after round, so the ring slot (the position modulo the ring's
@@ -477,10 +448,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     if (slot1 >= RC) slot1 -= RC;
                     R.release_to(pos);
                     R.land((pos + np) / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, SS_XV(xb), SS_S8(x8[r]), SS_SC(xc[r]), lane, acc_a,
-                            acc_b);
-                    ss_cell(R.cells + slot1 * SS_CELL_U4, SS_XV(xb + xstep), SS_S8(x8[r + 1]),
-                            SS_SC(xc[r + 1]), lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[r + 1], xc[r + 1], lane,
+                            acc_a, acc_b);
                     xb += 2 * xstep;
                     pos += 2 * np;
                     slot = slot1 + np;
@@ -489,8 +459,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 if (r < gu) {
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, SS_XV(xb), SS_S8(x8[r]), SS_SC(xc[r]), lane, acc_a,
-                            acc_b);
+                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
                 }
             } else {
                 // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
@@ -503,10 +472,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
                     R.release_to(p0);
                     R.land(p1 / SS_CH);
-                    ss_cell(R.cell(p0), SS_XV(SS_XB(gofs + ga)), SS_S8(sm.xs8[gofs + ga]),
-                            SS_SC(sm.xsc[gofs + ga]), lane, acc_a, acc_b);
-                    ss_cell(R.cell(p1), SS_XV(SS_XB(gofs + gb)), SS_S8(sm.xs8[gofs + gb]),
-                            SS_SC(sm.xsc[gofs + gb]), lane, acc_a, acc_b);
+                    ss_cell(R.cell(p0), SS_XB(gofs + ga), sm.xs8[gofs + ga],
+                            sm.xsc[gofs + ga], lane, acc_a, acc_b);
+                    ss_cell(R.cell(p1), SS_XB(gofs + gb), sm.xs8[gofs + gb],
+                            sm.xsc[gofs + gb], lane, acc_a, acc_b);
                 }
                 for (; r < q.rounds; r++) {
                     const int grp = r * q.kw + sl;
@@ -515,8 +484,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cell(pos), SS_XV(SS_XB(gofs + grp)), SS_S8(sm.xs8[gofs + grp]),
-                            SS_SC(sm.xsc[gofs + grp]), lane, acc_a, acc_b);
+                    ss_cell(R.cell(pos), SS_XB(gofs + grp), sm.xs8[gofs + grp],
+                            sm.xsc[gofs + grp], lane, acc_a, acc_b);
                 }
             }
 #if SS_CELL_DP4A
