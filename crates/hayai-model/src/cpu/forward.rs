@@ -37,6 +37,9 @@ pub struct CpuRunner {
     inputs: MatmulInputs,
     /// The per-layer-embedding projection's, where it differs ([`CpuRunner::set_ple_projection_inputs`]).
     ple_proj_inputs: Option<MatmulInputs>,
+    /// The per-layer-embedding gate's product split at the feed-forward residual
+    /// ([`CpuRunner::set_ple_gate_split`]).
+    ple_gate_split: bool,
 }
 
 /// Rounding of matrix-product inputs: the CPU twins of the GPU prefill's tensor-core GEMMs.
@@ -165,6 +168,7 @@ impl CpuRunner {
             hidden: Vec::new(),
             inputs: MatmulInputs::F32,
             ple_proj_inputs: None,
+            ple_gate_split: false,
         })
     }
 
@@ -179,6 +183,14 @@ impl CpuRunner {
     /// (None: as theirs).
     pub fn set_ple_projection_inputs(&mut self, inputs: Option<MatmulInputs>) {
         self.ple_proj_inputs = inputs;
+    }
+
+    /// Compute the per-layer-embedding gate's product Wg·h (h = h_mid + the normed feed-forward
+    /// branch f) as Wg·h_mid, h_mid's input rounded as every product's, plus Wg·f in f32: the
+    /// same sum in exact arithmetic, rounded where a decode step that forms Wg·f beside the down
+    /// projection would (docs/streamed-step.md, "Next structural step"). Off by default.
+    pub fn set_ple_gate_split(&mut self, on: bool) {
+        self.ple_gate_split = on;
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -327,6 +339,7 @@ impl CpuRunner {
             let mut d = vec![0.0f32; n * h];
             lw.down.matmul(&rounded(&g, im, round), &mut d);
             rms_norm_rows(&mut d, h, Some(&lw.post_ffn_norm), eps);
+            let h_mid = (self.ple_gate_split && lw.ple.is_some()).then(|| x.clone());
             x.iter_mut().zip(&d).for_each(|(xv, dv)| *xv += dv);
 
             // Per-layer input (Gemma 4).
@@ -334,7 +347,15 @@ impl CpuRunner {
                 let pd = ps.dim;
                 let width = spec.n_layers() * pd;
                 let mut gg = vec![0.0f32; n * pd];
-                lp.gate.matmul(&rounded(&x, h, round), &mut gg);
+                match &h_mid {
+                    Some(hm) => {
+                        lp.gate.matmul(&rounded(hm, h, round), &mut gg);
+                        let mut gf = vec![0.0f32; n * pd];
+                        lp.gate.matmul(&d, &mut gf);
+                        gg.iter_mut().zip(&gf).for_each(|(a, b)| *a += b);
+                    }
+                    None => lp.gate.matmul(&rounded(&x, h, round), &mut gg),
+                }
                 for t in 0..n {
                     let pin = &ple[t * width + li * pd..t * width + (li + 1) * pd];
                     for (gv, &pv) in gg[t * pd..(t + 1) * pd].iter_mut().zip(pin) {
@@ -457,6 +478,57 @@ mod tests {
         let pair = logits(int8, Some(int8.ple_projection()));
         assert_ne!(base, pair);
         assert_ne!(pair, logits(MatmulInputs::Bf16Pair, None));
+    }
+
+    /// The split gate is the same sum in f32 (up to summation order) and rounds only h_mid's
+    /// part with int8 inputs: close to the plain forward, not equal to it.
+    #[test]
+    fn ple_gate_split_moves_only_the_rounding() {
+        use crate::random::{random_model, tiny_spec};
+        use crate::runner::{Rows, Runner};
+        use crate::spec::Arch;
+        let model = Arc::new(random_model(&tiny_spec(Arch::Gemma4), 5));
+        let logits = |inputs: MatmulInputs, split: bool| {
+            let mut r = CpuRunner::new(model.clone()).unwrap();
+            r.set_matmul_inputs(inputs);
+            r.set_ple_gate_split(split);
+            let mut out = Vec::new();
+            r.forward(&[2, 17, 5, 9, 33, 4], Rows::All, &mut |_, l| {
+                out.extend_from_slice(l)
+            })
+            .unwrap();
+            out
+        };
+        let rel = |a: &[f32], b: &[f32]| {
+            let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+            (d / n).sqrt()
+        };
+        let (plain, split) = (
+            logits(MatmulInputs::F32, false),
+            logits(MatmulInputs::F32, true),
+        );
+        assert!(rel(&split, &plain) < 1e-5, "f32: {}", rel(&split, &plain));
+        let int8 = MatmulInputs::Int8 { group: 16 };
+        let (plain8, split8) = (logits(int8, false), logits(int8, true));
+        assert_ne!(plain8, split8);
+        assert!(
+            rel(&split8, &plain8) < 5e-2,
+            "int8: {}",
+            rel(&split8, &plain8)
+        );
+        // On a model without per-layer embeddings the switch changes nothing.
+        let g3 = Arc::new(random_model(&tiny_spec(Arch::Gemma3), 5));
+        let run = |split: bool| {
+            let mut r = CpuRunner::new(g3.clone()).unwrap();
+            r.set_matmul_inputs(int8);
+            r.set_ple_gate_split(split);
+            let mut out = Vec::new();
+            r.forward(&[2, 17, 5], Rows::All, &mut |_, l| out.extend_from_slice(l))
+                .unwrap();
+            out
+        };
+        assert_eq!(run(false), run(true));
     }
 
     #[test]
