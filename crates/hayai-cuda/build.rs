@@ -112,15 +112,16 @@ fn main() {
 /// kernels/stream_step.cu `SS_NW` without a define.
 const DEFAULT_STREAM_WARPS: usize = 11;
 
-/// `SS_NW` as the defines set it: 1-31 consumer warps (the producer warp makes a block of at most
-/// 1,024 threads and polls one done word per consumer warp with its 32 lanes).
+/// `SS_NW` as the defines set it: 3-31 consumer warps (threads 32-79 stage the next record and
+/// share before a wait; with the producer warp a block is at most 1,024 threads, and the
+/// producer polls one done word per consumer warp with its 32 lanes).
 fn stream_warps(defines: &str) -> usize {
     let mut warps = DEFAULT_STREAM_WARPS;
     for d in defines.split_whitespace() {
         if let Some(v) = d.strip_prefix("-DSS_NW=") {
             warps = match v.parse::<usize>() {
-                Ok(n) if (1..=31).contains(&n) => n,
-                _ => panic!("hayai-cuda: HAYAI_CUDA_DEFINES: {d}: SS_NW must be 1-31"),
+                Ok(n) if (3..=31).contains(&n) => n,
+                _ => panic!("hayai-cuda: HAYAI_CUDA_DEFINES: {d}: SS_NW must be 3-31"),
             };
         }
     }
