@@ -108,7 +108,9 @@ pub struct OpPlan {
     /// rounded up).
     pub groups: usize,
     /// K slices per tile; unit `u` is slice `u / tiles` of tile `u % tiles` (slice-major, so an
-    /// SM's few units of an operation share one or two slices).
+    /// SM's few units of an operation share one or two slices). For column cells: copies of
+    /// each column block, one per K slice of the row operation before it (whose units these
+    /// then match one for one: unit `u` multiplies slice `u / tiles`'s partial of its input).
     pub splits: usize,
     /// The SMs its units are dealt over, ascending (empty: all of them).
     pub sms: Vec<usize>,
@@ -125,9 +127,12 @@ impl OpPlan {
     pub fn units(&self) -> usize {
         self.tiles() * self.splits
     }
-    /// Cells per unit.
+    /// Cells per unit (a column block's copy holds all of its cells).
     pub fn unit_groups(&self) -> usize {
-        self.groups / self.splits
+        match self.format {
+            CellFormat::Int4Columns => self.groups,
+            _ => self.groups / self.splits,
+        }
     }
     /// SM `s`'s units: `[first, first + count)` (in order over `sms`; an SM outside them has
     /// none, its `first` where the next one's begins).
@@ -223,7 +228,7 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
     if n_sm == 0 || warps == 0 {
         return Err("no SMs or no warps".into());
     }
-    let mut plans = Vec::with_capacity(ops.len());
+    let mut plans: Vec<OpPlan> = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let (rows, cols) = op.weights.shape();
         let f = op.weights.format();
@@ -240,12 +245,22 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                     "operation {i}: {rows} x {cols} is not whole {COL_CELL_COLS}-column blocks of int4 groups"
                 ));
             }
+            // One copy of each block per K slice of the row operation before it when the
+            // blocks are its tiles (its outputs' columns): then the units match one for one and
+            // are dealt alike.
+            let tiles = cols / COL_CELL_COLS;
+            let copies = match plans.last() {
+                Some(prev) if prev.format != CellFormat::Int4Columns && prev.tiles() == tiles => {
+                    prev.splits
+                }
+                _ => 1,
+            };
             OpPlan {
                 rows,
                 k: cols,
                 format: f,
                 groups: rows.div_ceil(COL_CELL_ROWS),
-                splits: 1,
+                splits: copies,
                 sms: Vec::new(),
             }
         } else {
@@ -328,9 +343,10 @@ fn sm_order(plan: &OpPlan, n_sm: usize, warps: usize, s: usize) -> Vec<(usize, u
     let gu = plan.unit_groups();
     let mut out = Vec::with_capacity(nt * gu);
     if plan.format == CellFormat::Int4Columns {
-        // Unit by unit, cell by cell: the consumer warps take them in turn (ss_ple_columns).
+        // Unit by unit (a copy of column block u % tiles), cell by cell: the consumer warps take
+        // them in turn (ss_ple_columns).
         for u in u0..u0 + nt {
-            out.extend((0..gu).map(|c| (u, c)));
+            out.extend((0..gu).map(|c| (u % plan.tiles(), c)));
         }
         return out;
     }
@@ -500,11 +516,11 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
     let plan = &st.ops[op];
     let cell = plan.format.bytes();
     let cols = plan.format.cols();
-    assert_eq!(x.len(), plan.k, "input length");
     let gu = plan.unit_groups();
     if plan.format == CellFormat::Int4Columns {
         return walk_columns(st, op, x);
     }
+    assert_eq!(x.len(), plan.k, "input length");
     let mut parts = vec![0.0f32; plan.splits * plan.rows];
     for s in 0..st.n_sm {
         // Everything per SM from its share, as the kernel gets it: no divisions below.
@@ -557,14 +573,16 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
 }
 
 /// [`walk`] of a column operation: each SM's cells in turn from its share's first, unit by unit
-/// (a column block: its 16 columns of every row), as the fused PLE operation's warps take them;
-/// the blocks' products added per row in unit order (the kernel adds them in fixed point, in any
-/// order).
+/// (a copy of a column block: its 16 columns of every row), as the fused PLE operation's warps
+/// take them; the units' products added per row in unit order (the kernel adds them in fixed
+/// point, in any order). `x`: one input of `k` values per copy (`splits` of them: the K slices'
+/// partials of the row operation's outputs), so the result is the product of their sum.
 fn walk_columns(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
     let plan = &st.ops[op];
+    assert_eq!(x.len(), plan.k * plan.splits, "input length (one per copy)");
     let cell = plan.format.bytes();
     let gu = plan.unit_groups();
-    let mut parts = vec![0.0f32; plan.tiles() * plan.rows];
+    let mut parts = vec![0.0f32; plan.units() * plan.rows];
     for s in 0..st.n_sm {
         let share = st.sm_shares(s)[op];
         let base = st.sm_base[s] + share.first_cell as usize;
@@ -572,7 +590,8 @@ fn walk_columns(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
             let (unit, c) = (share.first_unit as usize + i / gu, i % gu);
             let pos = base + i;
             let vals = decode_column_cell(&st.bytes[pos * cell..(pos + 1) * cell]);
-            let xb = &x[unit * COL_CELL_COLS..][..COL_CELL_COLS];
+            let (copy, block) = (unit / plan.tiles(), unit % plan.tiles());
+            let xb = &x[copy * plan.k + block * COL_CELL_COLS..][..COL_CELL_COLS];
             for (rr, row) in vals.iter().enumerate() {
                 let r = c * COL_CELL_ROWS + rr;
                 if r < plan.rows {
@@ -583,7 +602,7 @@ fn walk_columns(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
         }
     }
     (0..plan.rows)
-        .map(|r| (0..plan.tiles()).map(|u| parts[u * plan.rows + r]).sum())
+        .map(|r| (0..plan.units()).map(|u| parts[u * plan.rows + r]).sum())
         .collect()
 }
 
@@ -1031,6 +1050,60 @@ mod tests {
             after_prev: false,
         };
         assert!(build(&[col], 4, 4).is_err());
+    }
+
+    /// A column operation after a K-split GEMV over its outputs' columns (the planned split PLE
+    /// gate: Wg's columns beside down): one copy of each block per K slice, dealt as that GEMV's
+    /// units, each copy multiplying its slice's partial, so the sum is the product of the whole.
+    #[test]
+    fn column_copies_match_a_split_gemv_unit_for_unit() {
+        for (n_sm, warps) in [(32, 4), (13, 11), (132, 11)] {
+            let (rows, k) = if n_sm == 132 {
+                (2560, 10240)
+            } else {
+                (128, 512)
+            };
+            let down = quantize_int4(&matrix(rows, k, 51));
+            let gate = quantize_int4(&matrix(256, rows, 52));
+            let ops = [
+                StreamOp {
+                    weights: Weights::Int4(&down),
+                    whole: false,
+                    after_prev: false,
+                },
+                StreamOp {
+                    weights: Weights::Int4Columns(&gate),
+                    whole: true,
+                    after_prev: true,
+                },
+            ];
+            let st = build(&ops, n_sm, warps).unwrap();
+            let (d, c) = (&st.ops[0], &st.ops[1]);
+            assert!(d.splits > 1, "{n_sm} SMs: the row GEMV is split");
+            assert_eq!(
+                (c.splits, c.tiles(), c.units()),
+                (d.splits, d.tiles(), d.units())
+            );
+            assert_eq!(c.unit_groups(), 3);
+            for s in 0..n_sm {
+                assert_eq!(d.sm_units(n_sm, s), c.sm_units(n_sm, s), "SM {s}");
+                let sh = st.sm_shares(s);
+                assert_eq!(
+                    sh[1].first_cell,
+                    sh[0].first_cell + sh[0].units * d.unit_groups() as u32
+                );
+            }
+            let parts: Vec<f32> = (0..d.splits)
+                .flat_map(|j| input(rows).into_iter().map(move |v| v * (j as f32 + 0.5)))
+                .collect();
+            let whole: Vec<f32> = (0..rows)
+                .map(|r| (0..d.splits).map(|j| parts[j * rows + r]).sum())
+                .collect();
+            assert!(
+                close(&walk(&st, 1, &parts), &gemv(&gate.dequantize(), &whole)),
+                "{n_sm} SMs"
+            );
+        }
     }
 
     #[test]
