@@ -4,7 +4,7 @@
 //! (`step_streams`), while its consumer warps run the operations.
 
 use super::*;
-use crate::step_streams::step_streams;
+use crate::step_streams::{step_streams, PleForm};
 use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 
 /// Ring depths the kernel is compiled for (`decode_stream_r{N}`), deepest first.
@@ -86,7 +86,12 @@ impl CudaRunner {
             ));
         }
         let fused = ple_fused_wanted(&self.model.spec);
-        let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS, fused)?;
+        let form = if fused {
+            PleForm::Fused
+        } else {
+            PleForm::Apart
+        };
+        let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS, form)?;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = self
             .plan
