@@ -995,6 +995,42 @@ mod tests {
         assert!(close(&walk(&st, 1, &x), &gemv(&proj.dequantize(), &x)));
     }
 
+    /// A GEMV (`whole` along K or not) followed by a column operation over its outputs, built
+    /// on `n_sm` SMs; every SM's units of the two are the same, its column cells right after
+    /// its row cells.
+    fn rows_then_columns(
+        rows: &Int4Matrix,
+        whole: bool,
+        cols: &Int4Matrix,
+        n_sm: usize,
+        warps: usize,
+    ) -> Streams {
+        let ops = [
+            StreamOp {
+                weights: Weights::Int4(rows),
+                whole,
+                after_prev: false,
+            },
+            StreamOp {
+                weights: Weights::Int4Columns(cols),
+                whole: true,
+                after_prev: true,
+            },
+        ];
+        let st = build(&ops, n_sm, warps).unwrap();
+        let (r, c) = (&st.ops[0], &st.ops[1]);
+        assert!(c.sms.is_empty());
+        for s in 0..n_sm {
+            assert_eq!(r.sm_units(n_sm, s), c.sm_units(n_sm, s), "SM {s}");
+            let sh = st.sm_shares(s);
+            assert_eq!(
+                sh[1].first_cell,
+                sh[0].first_cell + sh[0].units * r.unit_groups() as u32
+            );
+        }
+        st
+    }
+
     /// A whole GEMV followed by a column operation over its outputs (the fused PLE gate and
     /// projection): each SM's column blocks are its row tiles of the first, and the column cells
     /// walk back to the plain product, rows past a cell's end included.
@@ -1009,31 +1045,10 @@ mod tests {
             let pd = 256;
             let gate = quantize_int4(&matrix(pd, k, 41));
             let proj = quantize_int4(&matrix(rows, pd, 42));
-            let ops = [
-                StreamOp {
-                    weights: Weights::Int4(&gate),
-                    whole: true,
-                    after_prev: false,
-                },
-                StreamOp {
-                    weights: Weights::Int4Columns(&proj),
-                    whole: true,
-                    after_prev: true,
-                },
-            ];
-            let st = build(&ops, n_sm, warps).unwrap();
+            let st = rows_then_columns(&gate, true, &proj, n_sm, warps);
             let (g, c) = (&st.ops[0], &st.ops[1]);
             assert_eq!((g.splits, c.splits), (1, 1));
             assert_eq!((c.tiles(), c.groups), (pd / 16, rows.div_ceil(96)));
-            assert!(c.sms.is_empty());
-            for s in 0..n_sm {
-                assert_eq!(g.sm_units(n_sm, s), c.sm_units(n_sm, s), "SM {s}");
-                let sh = st.sm_shares(s);
-                assert_eq!(
-                    sh[1].first_cell,
-                    sh[0].first_cell + sh[0].units * g.groups as u32
-                );
-            }
             let x = input(k);
             assert!(close(&walk(&st, 0, &x), &gemv(&gate.dequantize(), &x)));
             let x = input(pd);
@@ -1065,19 +1080,7 @@ mod tests {
             };
             let down = quantize_int4(&matrix(rows, k, 51));
             let gate = quantize_int4(&matrix(256, rows, 52));
-            let ops = [
-                StreamOp {
-                    weights: Weights::Int4(&down),
-                    whole: false,
-                    after_prev: false,
-                },
-                StreamOp {
-                    weights: Weights::Int4Columns(&gate),
-                    whole: true,
-                    after_prev: true,
-                },
-            ];
-            let st = build(&ops, n_sm, warps).unwrap();
+            let st = rows_then_columns(&down, false, &gate, n_sm, warps);
             let (d, c) = (&st.ops[0], &st.ops[1]);
             assert!(d.splits > 1, "{n_sm} SMs: the row GEMV is split");
             assert_eq!(
@@ -1085,14 +1088,6 @@ mod tests {
                 (d.splits, d.tiles(), d.units())
             );
             assert_eq!(c.unit_groups(), 3);
-            for s in 0..n_sm {
-                assert_eq!(d.sm_units(n_sm, s), c.sm_units(n_sm, s), "SM {s}");
-                let sh = st.sm_shares(s);
-                assert_eq!(
-                    sh[1].first_cell,
-                    sh[0].first_cell + sh[0].units * d.unit_groups() as u32
-                );
-            }
             let parts: Vec<f32> = (0..d.splits)
                 .flat_map(|j| input(rows).into_iter().map(move |v| v * (j as f32 + 0.5)))
                 .collect();
