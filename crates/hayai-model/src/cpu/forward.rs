@@ -339,7 +339,15 @@ impl CpuRunner {
             let mut d = vec![0.0f32; n * h];
             lw.down.matmul(&rounded(&g, im, round), &mut d);
             rms_norm_rows(&mut d, h, Some(&lw.post_ffn_norm), eps);
-            let h_mid = (self.ple_gate_split && lw.ple.is_some()).then(|| x.clone());
+            // Split gate: its h_mid part while x is still h_mid (ple_gate_split).
+            let gate_mid = match (&lw.ple, &spec.ple) {
+                (Some(lp), Some(ps)) if self.ple_gate_split => {
+                    let mut gm = vec![0.0f32; n * ps.dim];
+                    lp.gate.matmul(&rounded(&x, h, round), &mut gm);
+                    Some(gm)
+                }
+                _ => None,
+            };
             x.iter_mut().zip(&d).for_each(|(xv, dv)| *xv += dv);
 
             // Per-layer input (Gemma 4).
@@ -347,12 +355,11 @@ impl CpuRunner {
                 let pd = ps.dim;
                 let width = spec.n_layers() * pd;
                 let mut gg = vec![0.0f32; n * pd];
-                match &h_mid {
-                    Some(hm) => {
-                        lp.gate.matmul(&rounded(hm, h, round), &mut gg);
-                        let mut gf = vec![0.0f32; n * pd];
-                        lp.gate.matmul(&d, &mut gf);
-                        gg.iter_mut().zip(&gf).for_each(|(a, b)| *a += b);
+                match gate_mid {
+                    // Plus the feed-forward branch's part in f32.
+                    Some(gm) => {
+                        lp.gate.matmul(&d, &mut gg);
+                        gg.iter_mut().zip(&gm).for_each(|(a, b)| *a += b);
                     }
                     None => lp.gate.matmul(&rounded(&x, h, round), &mut gg),
                 }
@@ -453,24 +460,29 @@ impl Runner for CpuRunner {
 mod tests {
     use super::*;
 
+    /// Every logit of `tokens` on `model`, the runner set up by `setup` first.
+    fn all_logits(model: &Arc<Model>, tokens: &[u32], setup: impl Fn(&mut CpuRunner)) -> Vec<f32> {
+        use crate::runner::{Rows, Runner};
+        let mut r = CpuRunner::new(model.clone()).unwrap();
+        setup(&mut r);
+        let mut out = Vec::new();
+        r.forward(tokens, Rows::All, &mut |_, l| out.extend_from_slice(l))
+            .unwrap();
+        out
+    }
+
     /// The PLE projection's own rounding changes only that product: the same rounding as the
     /// others gives the same logits bit for bit, another moves them.
     #[test]
     fn ple_projection_inputs_round_only_that_product() {
         use crate::random::{random_model, tiny_spec};
-        use crate::runner::{Rows, Runner};
         use crate::spec::Arch;
         let model = Arc::new(random_model(&tiny_spec(Arch::Gemma4), 3));
         let logits = |inputs: MatmulInputs, ple: Option<MatmulInputs>| {
-            let mut r = CpuRunner::new(model.clone()).unwrap();
-            r.set_matmul_inputs(inputs);
-            r.set_ple_projection_inputs(ple);
-            let mut out = Vec::new();
-            r.forward(&[2, 17, 5, 9], Rows::All, &mut |_, l| {
-                out.extend_from_slice(l)
+            all_logits(&model, &[2, 17, 5, 9], |r| {
+                r.set_matmul_inputs(inputs);
+                r.set_ple_projection_inputs(ple);
             })
-            .unwrap();
-            out
         };
         let int8 = MatmulInputs::Int8 { group: 16 };
         let base = logits(int8, None);
@@ -485,19 +497,13 @@ mod tests {
     #[test]
     fn ple_gate_split_moves_only_the_rounding() {
         use crate::random::{random_model, tiny_spec};
-        use crate::runner::{Rows, Runner};
         use crate::spec::Arch;
         let model = Arc::new(random_model(&tiny_spec(Arch::Gemma4), 5));
         let logits = |inputs: MatmulInputs, split: bool| {
-            let mut r = CpuRunner::new(model.clone()).unwrap();
-            r.set_matmul_inputs(inputs);
-            r.set_ple_gate_split(split);
-            let mut out = Vec::new();
-            r.forward(&[2, 17, 5, 9, 33, 4], Rows::All, &mut |_, l| {
-                out.extend_from_slice(l)
+            all_logits(&model, &[2, 17, 5, 9, 33, 4], |r| {
+                r.set_matmul_inputs(inputs);
+                r.set_ple_gate_split(split);
             })
-            .unwrap();
-            out
         };
         let rel = |a: &[f32], b: &[f32]| {
             let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
@@ -520,13 +526,10 @@ mod tests {
         // On a model without per-layer embeddings the switch changes nothing.
         let g3 = Arc::new(random_model(&tiny_spec(Arch::Gemma3), 5));
         let run = |split: bool| {
-            let mut r = CpuRunner::new(g3.clone()).unwrap();
-            r.set_matmul_inputs(int8);
-            r.set_ple_gate_split(split);
-            let mut out = Vec::new();
-            r.forward(&[2, 17, 5], Rows::All, &mut |_, l| out.extend_from_slice(l))
-                .unwrap();
-            out
+            all_logits(&g3, &[2, 17, 5], |r| {
+                r.set_matmul_inputs(int8);
+                r.set_ple_gate_split(split);
+            })
         };
         assert_eq!(run(false), run(true));
     }
