@@ -289,6 +289,11 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             const float c = p.res_scalar;
             const float4 h = make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
             x4[j] = h;
+#if SS_PLE_SPLIT
+            // The streamed step's split PLE gate: h before the input norm, for the gate's rows
+            // of gate/up (kernels/stream_step.cu; the residual slot is read only here).
+            if (STEP && early_res) ((float4*)cst)[j] = h;
+#endif
             ss += h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
             if (first && p.res_out) ((float4*)p.res_out)[j] = h;
         }

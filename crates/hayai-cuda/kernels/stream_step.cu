@@ -385,6 +385,94 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
+#if SS_PLE_SPLIT
+// Down's weighted rows for the split gate's columns (ss_split_columns) at xs ([units][16]),
+// then each unit's products ([units][p_rows]): down's x is quantized by then, the area free.
+__device__ __forceinline__ int ss_split_part(int units) { return 16 * units; }
+
+// The split PLE gate's projection (STEP_SPLIT_PROJ, kernels/step.cu PleSplitParams): down's
+// partials summed (m, into shared memory after x) for r_m = 1 / RMS(m); x = gelu(A + r_m B) x
+// the per-layer input (A from gate/up's last rows, B the accumulator down's SMs added into);
+// SM 0 stores the residual h = (h_mid + m r_m w_f) c, as gemv_prologue's residual pass (the
+// gate's prologue, before the split) did, h_mid and w_f copied into shared memory after m
+// meanwhile. Out of line: once a layer, and ss_gemv's code stays as it was.
+__device__ __noinline__ void ss_split_prologue(const GemvParams& g, const PleSplitParams& s, float* xs, float* red) {
+    const ConsumerThreads ct;
+    const int t = ct.t(), nu = ct.n(), n = s.h_cols, n4 = n >> 2;
+    float4* m4 = (float4*)(xs + g.cols);
+    float* hm = xs + g.cols + n;  // SM 0: h_mid, then w_f
+    if (blockIdx.x == 0) {
+        for (int j = t; j < n4; j += nu) {
+            cp_async16(hm + 4 * j, g.res_in + 4 * j);
+            cp_async16(hm + n + 4 * j, g.res_w + 4 * j);
+        }
+        cp_async_commit();
+    }
+    // This thread's entry of x: its inputs requested with the partials.
+    float a = 0.f, b = 0.f, pl = 0.f;
+    if (t < g.cols) {
+        a = __ldcg(s.a_in + t);
+        b = (float)(long long)__ldcg(s.acc + t) * 0x1p-32f;
+        pl = __ldcg(g.act_mult + t);
+    }
+    // Two columns a thread at a time, every partial of both requested before either is summed
+    // (gemv_prologue's step variant): one memory round trip where n4 <= 2 threads.
+    float ss = 0.f;
+    for (int ja = t; ja < n4; ja += 2 * nu) {
+        const int jb = ja + nu;
+        const bool two = jb < n4;
+        float4 va = __ldcg((const float4*)g.in + ja), vb = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (two) vb = __ldcg((const float4*)g.in + jb);
+        float4 ua[3], ub[3];
+#pragma unroll
+        for (int k = 0; k < 3; k++) {
+            ua[k] = ub[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (k + 1 < g.in_splits) {
+                const float4* r = (const float4*)(g.in + (size_t)(k + 1) * g.in_ld);
+                ua[k] = __ldcg(r + ja);
+                if (two) ub[k] = __ldcg(r + jb);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 3; k++) {
+            if (k + 1 < g.in_splits) {
+                va.x += ua[k].x; va.y += ua[k].y; va.z += ua[k].z; va.w += ua[k].w;
+                vb.x += ub[k].x; vb.y += ub[k].y; vb.z += ub[k].z; vb.w += ub[k].w;
+            }
+        }
+        for (int k = 4; k < g.in_splits; k++) {  // (none in the shapes measured)
+            const float4* r = (const float4*)(g.in + (size_t)k * g.in_ld);
+            const float4 c = __ldcg(r + ja);
+            va.x += c.x; va.y += c.y; va.z += c.z; va.w += c.w;
+            if (two) {
+                const float4 d = __ldcg(r + jb);
+                vb.x += d.x; vb.y += d.y; vb.z += d.z; vb.w += d.w;
+            }
+        }
+        m4[ja] = va;
+        ss += va.x * va.x + va.y * va.y + va.z * va.z + va.w * va.w;
+        if (two) {
+            m4[jb] = vb;
+            ss += vb.x * vb.x + vb.y * vb.y + vb.z * vb.z + vb.w * vb.w;
+        }
+    }
+    const float rm = rsqrtf(group_sum(ss, red, ct) / (float)n + g.eps);
+    if (t < g.cols) xs[t] = gelu_tanh(a + rm * b) * pl;
+    if (blockIdx.x == 0) {
+        cp_async_wait<0>();
+        ct.sync();  // every thread's copies
+        const float c = g.res_scalar;
+        for (int j = t; j < n4; j += nu) {
+            const float4 r = ((const float4*)hm)[j], w = ((const float4*)(hm + n))[j], v = m4[j];
+            const float4 h = make_float4((r.x + v.x * rm * w.x) * c, (r.y + v.y * rm * w.y) * c,
+                                         (r.z + v.z * rm * w.z) * c, (r.w + v.w * rm * w.w) * c);
+            ((float4*)g.res_out)[j] = h;
+        }
+    }
+    ct.sync();
+}
+#endif
+
 // keep (the fused PLE operation's gate, splits 1; null for every other GEMV): the rows stay in
 // shared memory, unit idx's 16 at keep[16 idx], and the stream is not held after the last pass
 // (its column cells follow). A run-time pointer, not a template flag: a second copy of this
@@ -394,7 +482,8 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
 template <int NCH>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats, unsigned long long* tl, float* keep) {
+                        int x_floats, unsigned long long* tl, float* keep,
+                        const PleSplitParams* sp = nullptr, int skind = STEP_GEMV) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
@@ -403,10 +492,29 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
+#if SS_PLE_SPLIT
+    if (skind == STEP_SPLIT_PROJ)
+        ss_split_prologue(g, *sp, xs, sm.sred);
+    else
+#endif
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
     if (nt == 0) return;
+#if SS_PLE_SPLIT
+    // gate/up's tiles from a_tile on are the PLE gate's (splits 1): their input is h_mid before
+    // the norm (gemv_prologue left it in the residual slot of `cst`), quantized as groups G..2G.
+    const int a_tile = skind == STEP_SPLIT_GATE_UP ? sp->a_tile : 0x7fffffff;
+    if (skind == STEP_SPLIT_GATE_UP && (int)sh.first_tile + nt > a_tile) {
+        const float* hm = ss_cst(g, xs, x_floats);
+        for (int grp = warp; grp < G; grp += SS_NW) {
+            int q[4];
+            const float m = act8_quantize4(((const float4*)(hm + grp * 128))[lane], q);
+            ss_store_group(xf, sm, G + grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m,
+                           lane);
+        }
+    }
+#endif
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2.
     for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
@@ -427,7 +535,11 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             const int ti = warp / q.kw, sl = warp % q.kw;
             int u_slice, u_tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
+#if SS_PLE_SPLIT
+            const int gofs = u_slice * gu + (u_tile >= a_tile ? G : 0);  // the unit's first group
+#else
             const int gofs = u_slice * gu;  // the unit's first group
+#endif
             if (q.kw == 1) {
                 // One unit a warp (gate/up's passes, lm_head's): its cells are np apart in the
                 // stream, round after round, so the ring slot (the position modulo the ring's
@@ -505,7 +617,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
         ConsumerThreads{}.sync();
         ss_tl_at(tl, 7);
         // The last pass's cells are all read: hold the stream while the operation publishes.
-        if (!(SS_PLE_FUSED && keep) && tid == 0 && (p + 1) * SS_NW >= nt) *hold = 1;
+        // (Not where column cells follow: the fused gate's, the split gate's down.)
+        if (!(SS_PLE_FUSED && keep) && !(SS_PLE_SPLIT && skind == STEP_SPLIT_DOWN) && tid == 0 &&
+            (p + 1) * SS_NW >= nt)
+            *hold = 1;
         // The np units' rows: the kw warps' sums added in slice order, into partial vector `slice`.
         for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
             const int ti = i >> 4, row = i & 15;
@@ -523,9 +638,94 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
             g.out[(size_t)slice * g.rows + tile * 16 + row] = sum;
         }
+#if SS_PLE_SPLIT
+        // Down: the rows times the post-feed-forward norm's weight, for the gate's columns
+        // (ss_split_columns), after the accumulator's sums (a loop of its own: the store loop
+        // above stays the plain GEMV's). The same sums in the same order.
+        if (skind == STEP_SPLIT_DOWN) {
+            float* bsh = xs;
+            for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
+                const int ti = i >> 4, row = i & 15;
+                float sum = 0.f;
+#pragma unroll
+                for (int s = 0; s < SS_NW; s++)
+                    if (s < q.kw) sum += sm.red[pc & 1][ti * q.kw + s][row];
+                int slice, tile;
+                ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
+                bsh[(p * SS_NW + ti) * 16 + row] = sum * __ldg(sp->wf + tile * 16 + row);
+            }
+        }
+#endif
     }
     R.release_to(base + (unsigned)(nt * gu));
 }
+
+#if SS_PLE_SPLIT
+// The split gate's B part (STEP_SPLIT_DOWN, after down's rows on this SM): each of the SM's
+// down units (K slice s, tile t) times the gate's 16 columns that match tile t (the stream's
+// column cells after down's: 96 rows of 16 nibbles and their scales, 3 a unit for 256 rows),
+// with the unit's partial rows times w_f (ss_gemv left them at xs); each unit's products into
+// shared memory, summed per row in unit order, then, after the SM's last ring release (a
+// release waits for the thread's outstanding global writes), added into the layer's
+// accumulator in 64-bit fixed point (2^-32 units): integer sums, so B does not depend on the
+// SMs' order. (64-bit shared-memory atomics, a compare-and-swap loop in SASS, are avoided.)
+template <int NCH>
+__device__ __noinline__ void ss_split_columns(const PleSplitParams& s, const SmShare& sc, float* xs, SsRing<NCH>& R,
+                                              volatile int* hold) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const ConsumerThreads ct;
+    const int nt = (int)sc.units;
+    if (nt == 0) return;
+    float* part = xs + ss_split_part(nt);  // [nt][p_rows] each unit's products
+    const float* bsh = xs;
+    ct.sync();  // bsh's rows (ss_gemv)
+    const int gu = (s.p_rows + 95) / 96, ncell = nt * gu;
+    const unsigned base = sc.first_cell;
+    for (int i = warp; i < ncell; i += SS_NW) {
+        const unsigned pos = base + (unsigned)i;
+        R.release_to(pos);
+        R.land(pos / SS_CH);
+        const int ui = i / gu, c = i - ui * gu;
+        const unsigned char* cp = (const unsigned char*)R.cell(pos);
+        float a[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) a[k] = bsh[ui * 16 + k];
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            const int rr = 3 * lane + j, row = c * 96 + rr;
+            const uint2 w = *(const uint2*)(cp + 8 * rr);
+            const float scl = __uint_as_float((uint32_t)(*(const uint16_t*)(cp + 768 + 2 * rr)) << 16);
+            float y = 0.f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                y = fmaf((float)((int)((w.x >> (4 * k)) & 15u) - 8), a[k], y);
+                y = fmaf((float)((int)((w.y >> (4 * k)) & 15u) - 8), a[8 + k], y);
+            }
+            if (row < s.p_rows) part[ui * s.p_rows + row] = y * scl;
+        }
+    }
+    R.release_to(base + (unsigned)ncell);
+    ct.sync();  // every cell read and every product stored
+    if (tid == 0) *hold = 1;  // hold the stream while the operation publishes
+    for (int i = tid; i < s.p_rows; i += SS_NW * 32) {
+        float v = 0.f;
+        for (int u = 0; u < nt; u++) v += part[u * s.p_rows + i];
+        const long long q = __float2ll_rn(fminf(fmaxf(v * 0x1p32f, -0x1p62f), 0x1p62f));
+        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(s.acc + i), "l"(q) : "memory");
+    }
+}
+
+// Down's zeroing of the previous layer's accumulator (its reader, that layer's projection, is
+// done on every SM), a slice an SM.
+__device__ __forceinline__ void ss_split_zero(const PleSplitParams& s) {
+    if (!s.zero) return;
+    const int per = (s.p_rows + (int)gridDim.x - 1) / (int)gridDim.x;
+    for (int i = threadIdx.x; i < per; i += SS_NW * 32) {
+        const int r = (int)blockIdx.x * per + i;
+        if (r < s.p_rows) s.zero[r] = 0ull;
+    }
+}
+#endif
 
 #if SS_PLE_FUSED
 // v rounded to bf16, nearest even (finite values).
@@ -1117,8 +1317,8 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
-#if SS_PLE_FUSED
-    __shared__ SmShare share_stage[2][2];  // a GEMV's share (a fused PLE operation's two)
+#if SS_PLE_FUSED || SS_PLE_SPLIT
+    __shared__ SmShare share_stage[2][2];  // a GEMV's share (a fused PLE operation's or split down's two)
 #else
     __shared__ SmShare share_stage[2];
 #endif
@@ -1180,7 +1380,14 @@ __device__ void stream_body(const StreamParams& P) {
         // on the path of the operation's last SM.)
         if (k + 1 < P.n_ops && tid >= 64 && tid < 64 + STEP_OP_BYTES / 16)
             op_stage[(k + 1) & 1][tid - 64] = ((const uint4*)(P.ops + k + 1))[tid - 64];
-#if SS_PLE_FUSED
+#if SS_PLE_SPLIT
+        const int share_words = op.kind == STEP_GEMV || op.kind == STEP_SPLIT_GATE_UP || op.kind == STEP_SPLIT_PROJ ? 9
+                                : op.kind == STEP_SPLIT_DOWN                                                  ? 18
+                                                                                                              : 0;
+        if (tid >= 32 && tid < 32 + share_words)
+            ((unsigned*)share_stage[k & 1])[tid - 32] =
+                ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
+#elif SS_PLE_FUSED
         const int share_words = op.kind == STEP_GEMV ? 9 : op.kind == STEP_PLE_FUSED ? 18 : 0;
         if (tid >= 32 && tid < 32 + share_words)
             ((unsigned*)share_stage[k & 1])[tid - 32] =
@@ -1193,7 +1400,9 @@ __device__ void stream_body(const StreamParams& P) {
         // Attention by KV head: this SM's first keys requested before the wait.
         if (op.kind == STEP_ATTN)
             ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay);
-        if (SS_PRE_CST && (op.kind == STEP_GEMV || (SS_PLE_FUSED && op.kind == STEP_PLE_FUSED)))
+        // (Not the split gate's projection: its prologue is its own, ss_split_prologue.)
+        if (SS_PRE_CST && (op.kind == STEP_GEMV || (SS_PLE_FUSED && op.kind == STEP_PLE_FUSED) ||
+                           (SS_PLE_SPLIT && (op.kind == STEP_SPLIT_GATE_UP || op.kind == STEP_SPLIT_DOWN))))
             ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
@@ -1214,6 +1423,14 @@ __device__ void stream_body(const StreamParams& P) {
             ss_gemv<NCH>(op.g, share_stage[k & 1][0], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl,
                          fused ? xs : nullptr);
             if (fused) ss_ple_columns<NCH>(op.f, share_stage[k & 1], xs, R, am);
+        }
+#elif SS_PLE_SPLIT
+        if (kind == STEP_GEMV || kind == STEP_SPLIT_GATE_UP || kind == STEP_SPLIT_DOWN || kind == STEP_SPLIT_PROJ) {
+            // One call site for all four (see ss_gemv's `keep`).
+            if (kind == STEP_SPLIT_DOWN) ss_split_zero(op.s);
+            ss_gemv<NCH>(op.g, share_stage[k & 1][0], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr,
+                         kind == STEP_GEMV ? nullptr : &op.s, kind);
+            if (kind == STEP_SPLIT_DOWN) ss_split_columns<NCH>(op.s, share_stage[k & 1][1], xs, R, &hold);
         }
 #else
         if (kind == STEP_GEMV) {

@@ -326,13 +326,16 @@ fn decode_matmul_inputs(opts: &CudaOptions) -> MatmulInputs {
 }
 
 /// `cpu` as the CPU twin of the decode step of `opts` on `model`: its matrix inputs rounded as
-/// `decode_matmul_inputs` says, and the per-layer-embedding projection's as the streamed step's
-/// fused PLE operation takes them where that runs (`MatmulInputs::ple_projection`).
+/// `decode_matmul_inputs` says, the per-layer-embedding projection's as the streamed step's
+/// fused PLE operation takes them where that runs (`MatmulInputs::ple_projection`), and the
+/// gate's product split as the streamed step's split gate forms it where that runs
+/// (`CpuRunner::set_ple_gate_split`).
 fn set_decode_twin(cpu: &mut CpuRunner, model: &Model, opts: &CudaOptions) {
     let inputs = decode_matmul_inputs(opts);
     cpu.set_matmul_inputs(inputs);
     let fused = opts.streamed_step && crate::runner::ple_fused_wanted(&model.spec);
     cpu.set_ple_projection_inputs(fused.then(|| inputs.ple_projection()));
+    cpu.set_ple_gate_split(opts.streamed_step && crate::runner::ple_split_wanted(&model.spec));
 }
 
 /// Feed `prompt` to both backends comparing every logit row, then run `steps` greedy steps on
