@@ -17,8 +17,9 @@
 // SS_PLE_SPLIT=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_PLE_SPLIT=1; off): the streamed
 // step's per-layer-embedding gate split between gate/up (its product with the residual before
 // the feed-forward) and down (its product with down's output), its operation gone
-// (kernels/step.cu PleSplitParams, kernels/stream_step.cu). Without it the kernels are the same
-// as before it was written.
+// (kernels/step.cu PleSplitParams, kernels/stream_step.cu). Measured slower than the gate's
+// operation (510 against 572 tok/s, docs/performance.md, twenty-seventh session); without it
+// the kernels are the same as before it was written.
 #ifndef SS_PLE_SPLIT
 #define SS_PLE_SPLIT 0
 #endif

@@ -1,8 +1,8 @@
 //! The streamed decode step's weights (docs/streamed-step.md, step 1): every GEMV of a decode
 //! step, fused as the GPU stores it (`runner::fuse_host`: QKV concatenated, gate/up interleaved
 //! row by row, int4 or bf16), in the order the step runs them, laid out as per-SM streams by
-//! [`stream_layout::build`]. No kernel consumes them yet; the tests hold every operation to the
-//! model's own matrices.
+//! [`stream_layout::build`]; the streamed step (`runner/stream.rs`) uploads them. The tests hold
+//! every operation to the model's own matrices.
 
 use hayai_model::Model;
 
@@ -24,11 +24,12 @@ pub enum PleForm {
     /// The fused operation (a measurement build, kernels/stream_step.cu `SS_PLE_FUSED`): the
     /// gate whole along K, the projection in column cells on the same SMs.
     Fused,
-    /// The planned split gate (docs/streamed-step.md, "Next structural step"; no kernel takes it
-    /// yet): the gate's rows after gate/up's (`gemv.gate_up` then has 256 more rows, its A part,
-    /// multiplied with the residual before the feed-forward norm), the gate's column cells
-    /// after down (`gemv.ple_gate_cols`, one copy per K slice of down, each multiplying that
-    /// slice's partial: its B part), and no gate GEMV.
+    /// The split gate (a measurement build, kernels/stream_step.cu `SS_PLE_SPLIT`, measured
+    /// slower than `Apart`; docs/streamed-step.md, "Next structural step"): the gate's rows
+    /// after gate/up's (`gemv.gate_up` then has 256 more rows, its A part, multiplied with the
+    /// residual before the feed-forward norm), the gate's column cells after down
+    /// (`gemv.ple_gate_cols`, one copy per K slice of down, each multiplying that slice's
+    /// partial: its B part), and no gate GEMV.
     Split,
 }
 
