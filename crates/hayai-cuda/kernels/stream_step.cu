@@ -385,6 +385,22 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
+#if SS_PLE_FUSED || SS_PLE_SPLIT
+// Row rr of a column cell (stream_layout.rs `CellFormat::Int4Columns`: 96 rows of 16 nibbles,
+// then the rows' bf16 scales) times the block's 16 inputs a.
+__device__ __forceinline__ float ss_column_row(const unsigned char* cp, int rr, const float (&a)[16]) {
+    const uint2 w = *(const uint2*)(cp + 8 * rr);
+    const float sc = __uint_as_float((uint32_t)(*(const uint16_t*)(cp + 768 + 2 * rr)) << 16);
+    float y = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        y = fmaf((float)((int)((w.x >> (4 * k)) & 15u) - 8), a[k], y);
+        y = fmaf((float)((int)((w.y >> (4 * k)) & 15u) - 8), a[8 + k], y);
+    }
+    return y * sc;
+}
+#endif
+
 #if SS_PLE_SPLIT
 // Down's weighted rows for the split gate's columns (ss_split_columns) at xs ([units][16]),
 // then each unit's products ([units][p_rows]): down's x is quantized by then, the area free.
@@ -693,15 +709,8 @@ __device__ __noinline__ void ss_split_columns(const PleSplitParams& s, const SmS
 #pragma unroll
         for (int j = 0; j < 3; j++) {
             const int rr = 3 * lane + j, row = c * 96 + rr;
-            const uint2 w = *(const uint2*)(cp + 8 * rr);
-            const float scl = __uint_as_float((uint32_t)(*(const uint16_t*)(cp + 768 + 2 * rr)) << 16);
-            float y = 0.f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                y = fmaf((float)((int)((w.x >> (4 * k)) & 15u) - 8), a[k], y);
-                y = fmaf((float)((int)((w.y >> (4 * k)) & 15u) - 8), a[8 + k], y);
-            }
-            if (row < s.p_rows) part[ui * s.p_rows + row] = y * scl;
+            const float y = ss_column_row(cp, rr, a);
+            if (row < s.p_rows) part[ui * s.p_rows + row] = y;
         }
     }
     R.release_to(base + (unsigned)ncell);
@@ -794,16 +803,9 @@ __device__ void ss_ple_columns(const PleFusedParams& f, const SmShare* sh, float
 #pragma unroll
         for (int j = 0; j < 3; j++) {
             const int rr = 3 * lane + j, row = c * 96 + rr;
-            const uint2 w = *(const uint2*)(cp + 8 * rr);
-            const float sc = __uint_as_float((uint32_t)(*(const uint16_t*)(cp + 768 + 2 * rr)) << 16);
-            float y = 0.f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                y = fmaf((float)((int)((w.x >> (4 * k)) & 15u) - 8), a[k], y);
-                y = fmaf((float)((int)((w.y >> (4 * k)) & 15u) - 8), a[8 + k], y);
-            }
+            const float y = ss_column_row(cp, rr, a);
             if (row < f.p_rows) {
-                const float v = fminf(fmaxf(y * sc * 0x1p32f, -0x1p62f), 0x1p62f);
+                const float v = fminf(fmaxf(y * 0x1p32f, -0x1p62f), 0x1p62f);
                 atomicAdd(f.acc + row, (unsigned long long)__float2ll_rn(v));
             }
         }

@@ -78,19 +78,13 @@ impl CudaRunner {
     pub(super) fn stream_launch(&mut self) -> Result<Launch, CudaError> {
         let cfg = self.step_kernel.as_ref().expect("stream config");
         let (kernel, grid, smem, x_floats) = (cfg.kernel, cfg.grid, cfg.smem, cfg.x_floats);
-        if std::env::var("HAYAI_STREAM_PLE_FUSED").as_deref() == Ok("1") && !ple_fused_built() {
-            return Err(CudaError::Unsupported(
-                "HAYAI_STREAM_PLE_FUSED=1: these kernels have no fused PLE operation (a \
-                 measurement build: HAYAI_CUDA_DEFINES=-DSS_PLE_FUSED=1)"
-                    .into(),
-            ));
-        }
-        if std::env::var("HAYAI_STREAM_PLE_SPLIT").as_deref() == Ok("1") && !ple_split_built() {
-            return Err(CudaError::Unsupported(
-                "HAYAI_STREAM_PLE_SPLIT=1: these kernels have no split PLE gate (a measurement \
-                 build: HAYAI_CUDA_DEFINES=-DSS_PLE_SPLIT=1)"
-                    .into(),
-            ));
+        for (var, define, what) in [PLE_FUSED, PLE_SPLIT] {
+            if std::env::var(var).as_deref() == Ok("1") && !built_with(define) {
+                return Err(CudaError::Unsupported(format!(
+                    "{var}=1: these kernels have no {what} (a measurement build: \
+                     HAYAI_CUDA_DEFINES={define})"
+                )));
+            }
         }
         let fused = ple_fused_wanted(&self.model.spec);
         let split = ple_split_wanted(&self.model.spec);
@@ -409,6 +403,19 @@ pub(crate) struct StreamDebug {
     ple: PleForm,
 }
 
+/// The fused PLE operation's and the split PLE gate's switches: the variable that turns them
+/// off (`=0`) in a build that has them, the build's define, what they are.
+const PLE_FUSED: (&str, &str, &str) = (
+    "HAYAI_STREAM_PLE_FUSED",
+    "-DSS_PLE_FUSED=1",
+    "fused PLE operation",
+);
+const PLE_SPLIT: (&str, &str, &str) = (
+    "HAYAI_STREAM_PLE_SPLIT",
+    "-DSS_PLE_SPLIT=1",
+    "split PLE gate",
+);
+
 /// Whether the streamed step runs each per-layer-embedding gate and projection as one operation
 /// (kernels/stream_step.cu `ss_ple_columns`): only in a measurement build whose kernels have it
 /// (`HAYAI_CUDA_DEFINES=-DSS_PLE_FUSED=1`, measured slower than the two GEMVs:
@@ -417,33 +424,27 @@ pub(crate) struct StreamDebug {
 /// `HAYAI_STREAM_PLE_FUSED=0`. Its projection takes the gate's outputs as a bf16 pair
 /// (`MatmulInputs::ple_projection`), which `check::set_decode_twin` gives the CPU twin.
 pub(crate) fn ple_fused_wanted(spec: &hayai_model::ModelSpec) -> bool {
-    ple_fused_built()
-        && spec.ple.is_some()
-        && spec.layers.len() >= 2
-        && std::env::var("HAYAI_STREAM_PLE_FUSED").as_deref() != Ok("0")
-}
-
-/// Whether the kernels were built with the fused PLE operation (`-DSS_PLE_FUSED=1`).
-fn ple_fused_built() -> bool {
-    built_with("-DSS_PLE_FUSED=1")
+    ple_form_wanted(spec, PLE_FUSED)
 }
 
 /// Whether the streamed step splits each per-layer-embedding gate between gate/up and down
-/// (kernels/stream_step.cu `SS_PLE_SPLIT`, docs/streamed-step.md): only in a measurement build
+/// (kernels/stream_step.cu `SS_PLE_SPLIT`, docs/streamed-step.md; measured slower than the
+/// gate's operation: docs/performance.md, twenty-seventh session): only in a measurement build
 /// whose kernels have it (`HAYAI_CUDA_DEFINES=-DSS_PLE_SPLIT=1`), for models with per-layer
 /// embeddings in at least two layers (each layer's down zeroes the previous layer's
 /// accumulator), unless `HAYAI_STREAM_PLE_SPLIT=0`. `check::set_decode_twin` gives the CPU twin
 /// the same split (`CpuRunner::set_ple_gate_split`).
 pub(crate) fn ple_split_wanted(spec: &hayai_model::ModelSpec) -> bool {
-    ple_split_built()
-        && spec.ple.is_some()
-        && spec.layers.len() >= 2
-        && std::env::var("HAYAI_STREAM_PLE_SPLIT").as_deref() != Ok("0")
+    ple_form_wanted(spec, PLE_SPLIT)
 }
 
-/// Whether the kernels were built with the split PLE gate (`-DSS_PLE_SPLIT=1`).
-fn ple_split_built() -> bool {
-    built_with("-DSS_PLE_SPLIT=1")
+/// A PLE form's switch ([`PLE_FUSED`], [`PLE_SPLIT`]) on for `spec`: built, per-layer
+/// embeddings in at least two layers, not turned off.
+fn ple_form_wanted(spec: &hayai_model::ModelSpec, (var, define, _): (&str, &str, &str)) -> bool {
+    built_with(define)
+        && spec.ple.is_some()
+        && spec.layers.len() >= 2
+        && std::env::var(var).as_deref() != Ok("0")
 }
 
 /// Whether the kernels were built with this `HAYAI_CUDA_DEFINES` entry.
