@@ -644,6 +644,18 @@ struct Rec {
     label: &'static str,
 }
 
+/// The layers with a PLE gate: at least two, as the fused and split forms need (each layer's
+/// operation zeroes the previous layer's accumulator).
+fn ple_gate_layers(recs: &[Rec]) -> Result<usize, String> {
+    let layers = recs.iter().filter(|r| r.label == "gemv.ple_gate").count();
+    if layers < 2 {
+        return Err(format!(
+            "{layers} layers with per-layer embeddings (at least 2)"
+        ));
+    }
+    Ok(layers)
+}
+
 /// Each `gemv.ple_gate` record and the `gemv.ple_proj` after it as one fused record (kernels/step.cu
 /// `PleFusedParams`): layer l's sums go to accumulator l, and its operation zeroes accumulator
 /// l - 1 (the first layer's, the last's: read by lm_head in the step before). The next GEMV (the
@@ -651,12 +663,7 @@ struct Rec {
 /// instead (`in_splits` -1).
 fn fuse_ple_records(recs: Vec<Rec>, plans: &[OpPlan], acc: PleAccs) -> Result<Vec<Rec>, CudaError> {
     let err = |m: String| CudaError::Unsupported(format!("streamed step: fused PLE: {m}"));
-    let layers = recs.iter().filter(|r| r.label == "gemv.ple_gate").count();
-    if layers < 2 {
-        return Err(err(format!(
-            "{layers} layers with per-layer embeddings (at least 2)"
-        )));
-    }
+    let layers = ple_gate_layers(&recs).map_err(err)?;
     let at = |l: usize| acc.base + (l * acc.rows * 8) as u64;
     let mut out = Vec::with_capacity(recs.len());
     let mut layer = 0;
@@ -741,12 +748,7 @@ fn split_ple_records(
     b: &SplitBufs,
 ) -> Result<Vec<Rec>, CudaError> {
     let err = |m: String| CudaError::Unsupported(format!("streamed step: split PLE gate: {m}"));
-    let layers = recs.iter().filter(|r| r.label == "gemv.ple_gate").count();
-    if layers < 2 {
-        return Err(err(format!(
-            "{layers} layers with per-layer embeddings (at least 2)"
-        )));
-    }
+    let layers = ple_gate_layers(&recs).map_err(err)?;
     let at = |l: usize| b.acc + (l * b.p_rows * 8) as u64;
     let words = |p: &PleSplitParams| {
         let mut w = vec![0u64; std::mem::size_of::<PleSplitParams>().div_ceil(8)];
