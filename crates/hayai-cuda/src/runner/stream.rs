@@ -917,6 +917,19 @@ mod tests {
         w
     }
 
+    /// Record i's parameters (after its kind and ordinal) as u64 words.
+    fn record_words(r: &StreamRecords, i: usize) -> Vec<u64> {
+        r.bytes[i * STEP_OP_BYTES + 8..(i + 1) * STEP_OP_BYTES]
+            .chunks(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// The i32 at byte `at` of record i.
+    fn record_i32(r: &StreamRecords, i: usize, at: usize) -> i32 {
+        i32::from_le_bytes(r.bytes[i * STEP_OP_BYTES + at..][..4].try_into().unwrap())
+    }
+
     fn plan(rows: usize, groups: usize, splits: usize) -> OpPlan {
         OpPlan {
             rows,
@@ -1174,15 +1187,7 @@ mod tests {
                 "argmax_stage1"
             ]
         );
-        let rec = |i: usize| -> Vec<u64> {
-            r.bytes[i * STEP_OP_BYTES + 8..(i + 1) * STEP_OP_BYTES]
-                .chunks(8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-                .collect()
-        };
-        let word = |i: usize, at: usize| {
-            i32::from_le_bytes(r.bytes[i * STEP_OP_BYTES + at..][..4].try_into().unwrap())
-        };
+        let (rec, word) = (|i| record_words(&r, i), |i, at| record_i32(&r, i, at));
         let layer = (hid * 8) as u64;
         for (i, l, ordinal) in [(1usize, 0u64, 1), (3, 1, 4)] {
             assert_eq!((word(i, 0), word(i, 4)), (5, ordinal));
@@ -1330,15 +1335,7 @@ mod tests {
         };
         let r = stream_records(&ops, &labels, &plans, PleRecs::Split(bufs.clone())).unwrap();
         assert_eq!(r.n_gemv, 9);
-        let rec = |i: usize| -> Vec<u64> {
-            r.bytes[i * STEP_OP_BYTES + 8..(i + 1) * STEP_OP_BYTES]
-                .chunks(8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-                .collect()
-        };
-        let word = |i: usize, at: usize| {
-            i32::from_le_bytes(r.bytes[i * STEP_OP_BYTES + at..][..4].try_into().unwrap())
-        };
+        let (rec, word) = (|i| record_words(&r, i), |i, at| record_i32(&r, i, at));
         let kinds: Vec<(i32, i32)> = (0..r.names.len())
             .map(|i| (word(i, 0), word(i, 4)))
             .collect();
