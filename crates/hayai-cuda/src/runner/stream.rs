@@ -129,14 +129,12 @@ impl CudaRunner {
                     .map(|(_, p)| p.rows)
                     .max()
                     .unwrap_or(0);
-                let max_units: Vec<usize> = (0..streams.ops.len())
-                    .map(|j| {
-                        (0..grid)
-                            .map(|s| streams.sm_shares(s)[j].units as usize)
-                            .max()
-                            .unwrap_or(0)
-                    })
-                    .collect();
+                let mut max_units = vec![0usize; streams.ops.len()];
+                for s in 0..grid {
+                    for (m, sh) in max_units.iter_mut().zip(streams.sm_shares(s)) {
+                        *m = (*m).max(sh.units as usize);
+                    }
+                }
                 Some((
                     self.gpu.alloc(gu_rows * 4)?,
                     self.gpu.alloc(layers.max(1) * ple.dim * 8)?,
