@@ -411,7 +411,9 @@ __device__ __forceinline__ int ss_split_part(int units) { return 16 * units; }
 // the per-layer input (A from gate/up's last rows, B the accumulator down's SMs added into);
 // SM 0 stores the residual h = (h_mid + m r_m w_f) c, as gemv_prologue's residual pass (the
 // gate's prologue, before the split) did, h_mid and w_f copied into shared memory after m
-// meanwhile. Out of line: once a layer, and ss_gemv's code stays as it was.
+// meanwhile. Out of line, as is ss_split_columns: the two calls inside the operation loop took
+// the kernel from 155 to 164 registers and cost ~6.5% a step with the split off (inlined: 162
+// registers, not measured; docs/performance.md, twenty-seventh session).
 __device__ __noinline__ void ss_split_prologue(const GemvParams& g, const PleSplitParams& s, float* xs, float* red) {
     const ConsumerThreads ct;
     const int t = ct.t(), nu = ct.n(), n = s.h_cols, n4 = n >> 2;
@@ -432,7 +434,7 @@ __device__ __noinline__ void ss_split_prologue(const GemvParams& g, const PleSpl
         pl = __ldcg(g.act_mult + t);
     }
     // Two columns a thread at a time, every partial of both requested before either is summed
-    // (gemv_prologue's step variant): one memory round trip where n4 <= 2 threads.
+    // (gemv_prologue's step variant): one memory round trip where n4 <= twice the threads.
     float ss = 0.f;
     for (int ja = t; ja < n4; ja += 2 * nu) {
         const int jb = ja + nu;
@@ -656,8 +658,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
         }
 #if SS_PLE_SPLIT
         // Down: the rows times the post-feed-forward norm's weight, for the gate's columns
-        // (ss_split_columns), after the accumulator's sums (a loop of its own: the store loop
-        // above stays the plain GEMV's). The same sums in the same order.
+        // (ss_split_columns), at xs as [unit][16] (a loop of its own: the store loop above
+        // stays the plain GEMV's). The same sums in the same order.
         if (skind == STEP_SPLIT_DOWN) {
             float* bsh = xs;
             for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
