@@ -18,7 +18,8 @@
 #         vparity: `gpu_check stream` (parity) of the measurement builds named in PARITY (.gpu/gpu_check_NAME);
 #         rotate: `gpu_check bench-stream` of the default and of the builds in ROTATE (paths, e.g.
 #         .gpu/gpu_check_old from .gpz/gpu_check_old.gz, or VAR=VALUE: the default binary with
-#         that setting, e.g. HAYAI_STREAM_ATTN_TK=8) alternated, ROUNDS rounds (2), no run
+#         that setting, e.g. HAYAI_STREAM_ATTN_TK=8, or VAR=VALUE@PATH: that binary with it, e.g.
+#         HAYAI_STREAM_PLE_SPLIT=0@.gpu/gpu_check_split) alternated, ROUNDS rounds (2), no run
 #         begun after ROTATE_BUDGET s (~50 s a run);
 #         long: the streamed step at a long context through `hayai bench-engine` (carry
 #         .gpu/hayai.gz; LONG_PROMPT tokens, 2048, + 256), the default alternated with each
@@ -186,7 +187,11 @@ run() {
         # ROTATE_BUDGET: no run begins after that many seconds of the stage (a call's limit).
         [ "$SECONDS" -lt "$((t0 + ${ROTATE_BUDGET:-100000}))" ] || break 2
         echo "-- $c" | tee -a "$out/session.log"
-        if [[ "$c" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
+        if [[ "$c" =~ ^([A-Za-z_][A-Za-z0-9_]*=[^@]*)@(.+)$ ]]; then
+          # VAR=VALUE@BINARY: a measurement build with that setting.
+          env "${BASH_REMATCH[1]}" timeout 100 "${BASH_REMATCH[2]}" bench-stream 2>&1 | grep -E "decode:" |
+            tee -a "$out/session.log"
+        elif [[ "$c" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
           env "$c" timeout 100 "$C" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
         else
           timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
