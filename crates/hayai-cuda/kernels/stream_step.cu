@@ -412,8 +412,9 @@ __device__ __forceinline__ int ss_split_part(int units) { return 16 * units; }
 // SM 0 stores the residual h = (h_mid + m r_m w_f) c, as gemv_prologue's residual pass (the
 // gate's prologue, before the split) did, h_mid and w_f copied into shared memory after m
 // meanwhile. Out of line, as is ss_split_columns: the two calls inside the operation loop took
-// the kernel from 155 to 164 registers and cost ~6.5% a step with the split off (inlined: 162
-// registers, not measured; docs/performance.md, twenty-seventh session).
+// the kernel from 155 to 164 registers and 3 -> 17 local loads (the ring, passed by reference,
+// lives in local memory around them), ~6.5% a step with the split off (inlined: 162 registers,
+// 3 local loads, not measured; docs/performance.md, twenty-seventh session).
 __device__ __noinline__ void ss_split_prologue(const GemvParams& g, const PleSplitParams& s, float* xs, float* red) {
     const ConsumerThreads ct;
     const int t = ct.t(), nu = ct.n(), n = s.h_cols, n4 = n >> 2;
