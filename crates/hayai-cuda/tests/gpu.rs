@@ -112,6 +112,9 @@ fn real_270m() -> hayai_model::Model {
     hayai_model::load::load_model(&path).unwrap()
 }
 
+/// The prompt the real-model parity tests feed (ids of the real tokenizer).
+const REAL_PROMPT: [u32; 8] = [2, 818, 5279, 529, 7001, 563, 496, 236743];
+
 /// The real Gemma 3 270M's shapes fit the GPU kernels (no GPU needed).
 #[test]
 fn real_gemma3_270m_is_supported() {
@@ -124,7 +127,7 @@ fn real_gemma3_270m_is_supported() {
 fn real_gemma3_270m_matches_cpu() {
     require_gpu();
     let m = real_270m();
-    let p = [2u32, 818, 5279, 529, 7001, 563, 496, 236743];
+    let p = REAL_PROMPT;
     for q in [Quant::Bf16, Quant::Int4] {
         let r = parity(&m, &opts(q, false), &p, 256).unwrap();
         eprintln!("270M {}", r.line());
@@ -246,7 +249,7 @@ fn single_kernel_step_matches_cpu() {
 fn real_gemma3_270m_single_kernel_step_matches_cpu() {
     require_gpu();
     let m = real_270m();
-    let p = [2u32, 818, 5279, 529, 7001, 563, 496, 236743];
+    let p = REAL_PROMPT;
     for q in [Quant::Bf16, Quant::Int4] {
         let o = CudaOptions {
             single_kernel: true,
@@ -267,7 +270,7 @@ fn real_gemma3_270m_single_kernel_step_matches_cpu() {
 fn real_gemma3_270m_streamed_step_matches_cpu() {
     require_gpu();
     let m = real_270m();
-    let p = [2u32, 818, 5279, 529, 7001, 563, 496, 236743];
+    let p = REAL_PROMPT;
     for use_graph in [true, false] {
         let o = CudaOptions {
             streamed_step: true,

@@ -114,6 +114,7 @@ impl CudaRunner {
         // The split gate's: gate/up's output with the gate's rows after its own (the plan's
         // buffer has room for gate/up's only), and one accumulator per layer ([layers][gate
         // rows] u64, zeroed here once; each is zeroed again by the next layer's down).
+        let mut split_mem = None;
         let split_bufs = match (split, &self.model.spec.ple) {
             (true, Some(ple)) => {
                 let layers = st
@@ -135,27 +136,28 @@ impl CudaRunner {
                         *m = (*m).max(sh.units as usize);
                     }
                 }
-                Some((
+                let (gu, acc) = (
                     self.gpu.alloc(gu_rows * 4)?,
                     self.gpu.alloc(layers.max(1) * ple.dim * 8)?,
-                    ple.dim,
+                );
+                let b = SplitBufs {
+                    gu_out: gu.ptr(),
+                    acc: acc.ptr(),
+                    p_rows: ple.dim,
+                    x_floats,
                     max_units,
-                ))
+                };
+                split_mem = Some([gu, acc]);
+                Some(b)
             }
             _ => None,
         };
-        let ple_recs = match (&accs, &split_bufs) {
+        let ple_recs = match (&accs, split_bufs) {
             (Some((b, rows)), _) => PleRecs::Fused(PleAccs {
                 base: b.ptr(),
                 rows: *rows,
             }),
-            (None, Some((gu, acc, p_rows, max_units))) => PleRecs::Split(SplitBufs {
-                gu_out: gu.ptr(),
-                acc: acc.ptr(),
-                p_rows: *p_rows,
-                x_floats,
-                max_units: max_units.clone(),
-            }),
+            (None, Some(b)) => PleRecs::Split(b),
             _ => PleRecs::Apart,
         };
         let StreamRecords {
@@ -226,9 +228,7 @@ impl CudaRunner {
         });
         self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
         self.step_bufs.extend(accs.map(|(b, _)| b));
-        if let Some((gu, acc, _, _)) = split_bufs {
-            self.step_bufs.extend([gu, acc]);
-        }
+        self.step_bufs.extend(split_mem.into_iter().flatten());
         Ok(l)
     }
 
