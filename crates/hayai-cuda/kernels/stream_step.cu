@@ -132,7 +132,10 @@ __device__ __forceinline__ unsigned ss_ld_acquire_gpu(const unsigned* p) {
 }
 // Until the counter at p reaches target (a wrapping compare), then acquire. Measured against
 // this (twentieth session): relaxed polls with one acquire fence after, 10% slower a step;
-// 100 ns between polls the same, 300 ns 1.8% slower.
+// 100 ns between polls the same, 300 ns 1.8% slower. Twenty-eighth session: 4 or 8 pollers
+// (lane 0 of as many warps), staggered, relaxed loads looked at 900-1,200 cycles after issue,
+// `fence.acquire.gpu` by the one that saw the count: 508.5-520.6 tok/s against 572.3-573.1, and
+// every staggered form slower than this one in the bare link too (proto/link_rate.cu stagger/P).
 __device__ __forceinline__ void ss_wait_count(const unsigned* p, unsigned target) {
     while ((int)(ss_ld_acquire_gpu(p) - target) < 0) __nanosleep(20);
 }
@@ -411,11 +414,11 @@ __device__ __forceinline__ int ss_split_part(int units) { return 16 * units; }
 // the per-layer input (A from gate/up's last rows, B the accumulator down's SMs added into);
 // SM 0 stores the residual h = (h_mid + m r_m w_f) c, as gemv_prologue's residual pass (the
 // gate's prologue, before the split) did, h_mid and w_f copied into shared memory after m
-// meanwhile. Out of line, as is ss_split_columns: the two calls inside the operation loop took
-// the kernel from 155 to 164 registers and 3 -> 17 local loads (the ring, passed by reference,
-// lives in local memory around them), ~6.5% a step with the split off (inlined: 162 registers,
-// 3 local loads, not measured; docs/performance.md, twenty-seventh session).
-__device__ __noinline__ void ss_split_prologue(const GemvParams& g, const PleSplitParams& s, float* xs, float* red) {
+// meanwhile. Inlined, as is ss_split_columns: out of line, the two calls inside the operation
+// loop took the kernel from 155 to 164 registers and 3 -> 17 local loads (the ring, passed by
+// reference, lived in local memory around them): 510.5 tok/s; inlined (162 registers, 3 local
+// loads) 539.6, against the default's 572.5 (docs/performance.md, twenty-eighth session).
+__device__ __forceinline__ void ss_split_prologue(const GemvParams& g, const PleSplitParams& s, float* xs, float* red) {
     const ConsumerThreads ct;
     const int t = ct.t(), nu = ct.n(), n = s.h_cols, n4 = n >> 2;
     float4* m4 = (float4*)(xs + g.cols);
@@ -689,8 +692,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 // accumulator in 64-bit fixed point (2^-32 units): integer sums, so B does not depend on the
 // SMs' order. (64-bit shared-memory atomics, a compare-and-swap loop in SASS, are avoided.)
 template <int NCH>
-__device__ __noinline__ void ss_split_columns(const PleSplitParams& s, const SmShare& sc, float* xs, SsRing<NCH>& R,
-                                              volatile int* hold) {
+__device__ __forceinline__ void ss_split_columns(const PleSplitParams& s, const SmShare& sc, float* xs, SsRing<NCH>& R,
+                                                 volatile int* hold) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const ConsumerThreads ct;
     const int nt = (int)sc.units;

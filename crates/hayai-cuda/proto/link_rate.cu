@@ -18,6 +18,21 @@
 //             than ceil(nsm / G) of the round's adds; lanes 0..G-1 of warp 0 poll one word each
 //             with acquire loads, all in flight together. Whether the adds to one address are a
 //             serial cost of the plain counter (132 of them a link in the streamed step).
+//   stagger/P: the plain counter, polled by lane 0 of warps 0..P-1 instead of thread 0 alone,
+//             each with relaxed loads one at a time, their first polls cyc/P cycles apart, and each
+//             poll's value looked at only cyc cycles after it was issued (so a poller never waits
+//             on a load in flight: it watches a shared word meanwhile); the poller that sees the
+//             count takes the acquire (`fence.acquire.gpu`: an L1 invalidation, no wait for
+//             stores) and sets the shared word, the others leave without waiting for their loads.
+//             Whether a poll every cyc/P cycles finds the count sooner than one poller's
+//             back-to-back acquire loads (each a full round trip, the next issued after it).
+//             H200, 2,560 floats: no (2.53-2.58 us at 900 cycles, counter 2.07; twenty-eighth
+//             session, docs/performance.md).
+//   warprel : the counter, published by every warp instead of once per block: each warp's lane 0
+//             adds 1 with a release after the warp's own stores (`__syncwarp`), with no block
+//             barrier before; thread 0 polls for nsm x warps adds. Whether a block's release
+//             waits on more than its own warp's stores (one fence a warp, none behind a barrier).
+//             H200, 2,560 floats: 3.12 us (the adds on one counter cost more than the barrier).
 //   red/C   : a reduction link (split-K across SMs fused into the hand-over): C SMs each add a
 //             partial to *every* element of the vector with integer atomics on 64-bit
 //             fixed-point words (`red.global.add.u64`: the sum is the same whatever the order,
@@ -47,7 +62,7 @@
 
 #include "proto.cuh"
 
-enum Scheme { COUNTER, FLAGS, LL, NONE, LLC, COUNTERG, RED, RED32, BRED };
+enum Scheme { COUNTER, FLAGS, LL, NONE, LLC, COUNTERG, RED, RED32, BRED, STAGGER, WARPREL };
 
 __device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
     unsigned v;
@@ -67,6 +82,28 @@ __device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long
 }
 __device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// stagger/P's poll (see the scheme list): returns once `seen` holds `key`, having set it itself
+// after an acquire if its own poll found the count.
+__device__ void poll_stagger(const unsigned* p, unsigned target, volatile unsigned* seen, unsigned key, int w, int P,
+                             long long cyc) {
+    const long long start = clock64() + (long long)w * cyc / P;
+    while (clock64() < start)
+        if (*seen == key) return;
+    for (;;) {
+        const unsigned v = ld_relaxed_u32(p);
+        const long long t0 = clock64();
+        for (;;) {
+            if (*seen == key) return;
+            if (clock64() - t0 >= cyc) break;
+        }
+        if (v >= target) {
+            asm volatile("fence.acquire.gpu;" ::: "memory");
+            *seen = key;
+            return;
+        }
+    }
 }
 
 // Block-wide sum (fixed order), every thread gets it.
@@ -112,8 +149,11 @@ __device__ void check_fixed(const void* base, int n, int k, float m, float unit,
 // counter (1 word) or the flags (nsm words). bad: wrong reads, summed over blocks.
 template <int SCHEME, int J>
 __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* sync, int n, int rounds, int nap,
-                            unsigned* bad, int groups = 1) {
+                            unsigned* bad, int groups = 1, long long cyc = 0) {
     __shared__ float red[32];
+    __shared__ volatile unsigned seen;  // STAGGER: the last round whose count a poller saw
+    if (threadIdx.x == 0) seen = 0xffffffffu;
+    __syncthreads();
     extern __shared__ __align__(16) unsigned long long bred_buf[];  // BRED: n words
     const int s = blockIdx.x, nsm = gridDim.x, tid = threadIdx.x, T = blockDim.x;
     const int r0 = (int)((long long)n * s / nsm), r1 = (int)((long long)n * (s + 1) / nsm);
@@ -176,6 +216,18 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
                 while (ld_acquire_gpu(sync + k) < (unsigned)nsm)
                     if (nap) __nanosleep(nap);
             }
+            __syncthreads();
+        } else if (SCHEME == WARPREL) {
+            __syncwarp();
+            if ((tid & 31) == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + k) : "memory");
+            if (tid == 0)
+                while (ld_acquire_gpu(sync + k) < (unsigned)(nsm * (T >> 5)))
+                    if (nap) __nanosleep(nap);
+            __syncthreads();
+        } else if (SCHEME == STAGGER) {
+            __syncthreads();
+            if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + k) : "memory");
+            if ((tid & 31) == 0 && (tid >> 5) < groups) poll_stagger(sync + k, (unsigned)nsm, &seen, (unsigned)k, tid >> 5, groups, cyc);
             __syncthreads();
         } else if (SCHEME == COUNTERG) {
             // sync: per round, `groups` words (the SMs s with s % groups == g add to word g).
@@ -284,11 +336,18 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
 
 int main(int argc, char** argv) {
     int n = 2560, threads = 384, nap = 0;
+    long long cyc = 1200;  // stagger/P: cycles between a poll's issue and the look at its value
+    bool stagger_only = false;  // --stagger-only: counter, none, the stagger/P schemes and warprel
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--nap") && i + 1 < argc) nap = atoi(argv[++i]);
-        else { fprintf(stderr, "usage: %s [--n N] [--threads T] [--nap NS]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--cyc") && i + 1 < argc) cyc = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--stagger-only")) stagger_only = true;
+        else {
+            fprintf(stderr, "usage: %s [--n N] [--threads T] [--nap NS] [--cyc CYCLES] [--stagger-only]\n", argv[0]);
+            return 2;
+        }
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -305,8 +364,8 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    printf("device: %s, %d SMs; vector of %d floats, %d threads per block, poll nap %d ns\n", prop.name, P, n,
-           threads, nap);
+    printf("device: %s, %d SMs; vector of %d floats, %d threads per block, poll nap %d ns, stagger cycles %lld\n",
+           prop.name, P, n, threads, nap, cyc);
     const char* names[] = {"counter", "flags", "ll", "none", "llc"};
     // The plain schemes, then the split counter with 2 .. 32 words.
     const int gs[] = {2, 4, 8, 16, 32};
@@ -316,18 +375,27 @@ int main(int argc, char** argv) {
     const int nreds = (int)(sizeof reds / sizeof reds[0]);
     // Then the bulk reductions (sm_90): all SMs, 64, 32.
     const int nb = prop.major >= 9 ? nreds : 0;
+    // Then the staggered pollers: 1 (thread 0 alone, as counter but relaxed + fence.acquire), 2, 4, 8, 11.
+    const int ps[] = {1, 2, 4, 8, 11};
+    const int nps = (int)(sizeof ps / sizeof ps[0]);
     CK(cudaFuncSetAttribute(link_rounds<BRED, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, n * 8));
-    for (int scheme = 0; scheme < 5 + ngs + nreds + 1 + nb; scheme++) {
+    const int nstag = 5 + ngs + nreds + 1 + nb;  // the first staggered scheme
+    for (int scheme = 0; scheme < nstag + nps + 1; scheme++) {
         const int kind = scheme < 5                    ? scheme
                          : scheme < 5 + ngs            ? COUNTERG
                          : scheme < 5 + ngs + nreds    ? RED
                          : scheme == 5 + ngs + nreds   ? RED32
-                                                       : BRED;
+                         : scheme < nstag              ? BRED
+                         : scheme < nstag + nps        ? STAGGER
+                                                       : WARPREL;
         const int G = kind == COUNTERG ? gs[scheme - 5]
                       : kind == RED    ? reds[scheme - 5 - ngs]
                       : kind == BRED   ? reds[scheme - 6 - ngs - nreds]
                       : kind == RED32  ? P
+                      : kind == STAGGER ? ps[scheme - nstag]
                                        : 1;
+        if (kind == STAGGER && G * 32 > threads) continue;
+        if (stagger_only && kind != STAGGER && kind != COUNTER && kind != NONE && kind != WARPREL) continue;
         auto launch = [&](int rounds) {
             CK(cudaMemset(vec, 0, (size_t)R2 * n * 4));
             CK(cudaMemset(llvec, 0, (size_t)R2 * n * 8));
@@ -343,6 +411,8 @@ int main(int argc, char** argv) {
             case COUNTERG: link_rounds<COUNTERG, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
             case RED: link_rounds<RED, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
             case RED32: link_rounds<RED32, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
+            case WARPREL: link_rounds<WARPREL, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
+            case STAGGER: link_rounds<STAGGER, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G, cyc); break;
             default: link_rounds<BRED, 16><<<P, threads, n * 8>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
             }
             CK(cudaEventRecord(e1));
@@ -364,7 +434,9 @@ int main(int argc, char** argv) {
         }
         char name[32];
         if (scheme < 5) snprintf(name, sizeof name, "%s", names[scheme]);
+        else if (kind == WARPREL) snprintf(name, sizeof name, "warprel");
         else if (kind == COUNTERG) snprintf(name, sizeof name, "counter/%d", G);
+        else if (kind == STAGGER) snprintf(name, sizeof name, "stagger/%d", G);
         else snprintf(name, sizeof name, "%s/%d", kind == RED ? "red" : kind == RED32 ? "red32" : "bred", G);
         printf("%-10s: %.3f us per link, wrong reads %u%s\n", name, best, wrong,
                kind == NONE ? " (unsynchronized: expected)" : wrong ? "  <-- FAIL" : "");
