@@ -21,8 +21,9 @@
 // (sm_90: one bulk copy per chunk; sm_80-89: cp.async by its 32 lanes); it publishes how many
 // chunks have landed in a shared word, each consumer warp how many it is done with in its own,
 // and a slot is refilled once every warp has passed it. The producer holds its copies while an
-// operation publishes (the output stores otherwise queue behind the stream) and on sm_90 pulls
-// the next chunks into L2 while the ring is full. Measured in the prototype
+// operation publishes (the output stores otherwise queue behind the stream; held on through the
+// next operation's wait, or its prologue too, it measured 1.5-2.4% slower: twenty-eighth
+// session) and on sm_90 pulls the next chunks into L2 while the ring is full. Measured in the prototype
 // (proto/stream_step.cu, docs/performance.md, tenth session).
 #include "common.cuh"
 
@@ -1083,6 +1084,123 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
     }
 }
 
+// SSA_WARP_HEAD=1 (a measurement build; off): an item's tiles by one warp a query head, the
+// scores, the softmax and p.V in the warp's registers (a lane holds the head's columns 4 lane +
+// 128 c, as the scores' partial dots do, and key c0 + lane's score), so a tile costs one block
+// barrier (its rows landed) instead of four; the same sums in the same order where a tile has at
+// most 32 keys (the block's scores, softmax and p.V: see ssa_item). Head dims that are multiples
+// of 128 up to 512; others take the block's tiles. Measured (twenty-eighth session, E4B shapes,
+// 128 + 512): 573.5 and 573.5 tok/s against the default's 572.5 and 570.9, the attention's items
+// 0.119 -> 0.112 ms a step, parity the default's figures; 168 registers against 155. Not the
+// default: within the run-to-run spread, and not measured at long contexts (more keys an item,
+// all on r warps) nor on the compute_80 path.
+#ifndef SSA_WARP_HEAD
+#define SSA_WARP_HEAD 0
+#endif
+#if SSA_WARP_HEAD
+// Warp h's running state over the item's tiles: p.V accumulators, max and sum.
+struct SsaHead {
+    float acc[4][4];
+    float m, l;
+};
+// Tile [t0, t0 + nt) for query head h (its rows in L.kt / L.vt, landed); first: the item's first.
+__device__ __forceinline__ void ssa_head_tile(const AttnParams& a, const SsaLayout& L, int h, int nt, bool first,
+                                              SsaHead& H) {
+    const int lane = threadIdx.x & 31, hd = L.hd, nc = hd >> 7;
+    float4 q[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        if (c < nc) q[c] = *(const float4*)(L.q + h * hd + 128 * c + 4 * lane);
+    for (int c0 = 0; c0 < nt; c0 += 32) {
+        const int nk = min(32, nt - c0);
+        float sc = -INFINITY;
+        for (int jj = 0; jj < nk; jj++) {
+            const float* kr = L.kt + (c0 + jj) * hd;
+            float d = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                if (c < nc) {
+                    const float4 kv = *(const float4*)(kr + 128 * c + 4 * lane);
+                    d = fmaf(q[c].x, kv.x, d);
+                    d = fmaf(q[c].y, kv.y, d);
+                    d = fmaf(q[c].z, kv.z, d);
+                    d = fmaf(q[c].w, kv.w, d);
+                }
+            }
+            float v = warp_sum(d) * a.scale;
+            if (a.softcap > 0.f) v = a.softcap * tanhf(v / a.softcap);
+            if (lane == jj) sc = v;
+        }
+        const float mx = warp_max(sc);
+        const bool fresh_run = first && c0 == 0;
+        const float mo = fresh_run ? -INFINITY : H.m, mn = fmaxf(mo, mx);
+        const float p = lane < nk ? expf(sc - mn) : 0.f;
+        const float sum = warp_sum(p);
+        const float corr = fresh_run ? 0.f : expf(mo - mn);
+        H.l = (fresh_run ? 0.f : H.l * corr) + sum;
+        H.m = mn;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            H.acc[c][0] *= corr;
+            H.acc[c][1] *= corr;
+            H.acc[c][2] *= corr;
+            H.acc[c][3] *= corr;
+        }
+        for (int jj = 0; jj < nk; jj++) {
+            const float pj = __shfl_sync(HAYAI_FULL_MASK, p, jj);
+            const float* vr = L.vt + (c0 + jj) * hd;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                if (c < nc) {
+                    const float4 vv = *(const float4*)(vr + 128 * c + 4 * lane);
+                    H.acc[c][0] = fmaf(pj, vv.x, H.acc[c][0]);
+                    H.acc[c][1] = fmaf(pj, vv.y, H.acc[c][1]);
+                    H.acc[c][2] = fmaf(pj, vv.z, H.acc[c][2]);
+                    H.acc[c][3] = fmaf(pj, vv.w, H.acc[c][3]);
+                }
+            }
+        }
+    }
+}
+// An item's tiles by warps 0 .. r - 1 (ssa_item's after its inputs and the newest row's store),
+// then each head's partials stored from the warp's registers.
+__device__ __forceinline__ void ssa_head_item(const AttnParams& a, const SsaLayout& L, int g, int j, int it, int k0,
+                                              int k1, bool fresh, bool staged, unsigned long long* stamps,
+                                              unsigned long long* tl) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = L.hd, r = L.r;
+    const ConsumerThreads ct;
+    SsaHead H;
+#pragma unroll
+    for (int c = 0; c < 4; c++) H.acc[c][0] = H.acc[c][1] = H.acc[c][2] = H.acc[c][3] = 0.f;
+    H.m = H.l = 0.f;
+    for (int t0 = k0; t0 < k1; t0 += L.tk) {
+        const int nt = min(L.tk, k1 - t0);
+        if (t0 > k0) {
+            ct.sync();  // the previous tile's rows are done with
+            ssa_stage(a, L, g, t0, nt, 0, false);
+        }
+        ssa_stage(a, L, g, t0, nt, 1, fresh);
+        cp_async_wait<0>();  // the K and V rows
+        ct.sync();
+        if (t0 == k0 && it == 0) stamp_at(stamps, 6);
+        if (t0 == k0 && staged) ss_tl_at(tl, 4);
+        if (warp < r) ssa_head_tile(a, L, warp, nt, t0 == k0, H);
+    }
+    if (warp < r) {
+        float* dst = a.part_acc + ((size_t)(g * r + warp) * ATTN_MAX_SPLITS + j) * hd;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (c < (hd >> 7))
+                *(float4*)(dst + 128 * c + 4 * lane) = make_float4(H.acc[c][0], H.acc[c][1], H.acc[c][2], H.acc[c][3]);
+        if (lane == 0) {
+            const size_t pi = (size_t)(g * r + warp) * ATTN_MAX_SPLITS + j;
+            a.part_ml[2 * pi] = H.m;
+            a.part_ml[2 * pi + 1] = H.l;
+        }
+    }
+}
+#endif
+
 // One item: KV head g, keys [k0, k1), its first tile already requested when `staged`.
 __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool staged, unsigned long long* stamps,
                          unsigned long long* tl) {
@@ -1117,6 +1235,13 @@ __device__ void ssa_item(const AttnParams& a, const SsaLayout& L, int it, bool s
             V[i] = L.vf[i];
         }
     }
+#if SSA_WARP_HEAD
+    if (hd % 128 == 0 && hd <= 512) {  // (other head dims: the block's tiles below)
+        ssa_head_item(a, L, g, j, it, k0, k1, fresh, staged, stamps, tl);
+        ct.sync();  // the area is free for the next item
+        return;
+    }
+#endif
     for (int t0 = k0; t0 < k1; t0 += L.tk) {
         const int nt = min(L.tk, k1 - t0);
         if (t0 > k0) {
