@@ -20,12 +20,16 @@
 #         .gpu/gpu_check_old from .gpz/gpu_check_old.gz, or VAR=VALUE: the default binary with
 #         that setting, e.g. HAYAI_STREAM_ATTN_TK=8, or VAR=VALUE@PATH: that binary with it, e.g.
 #         HAYAI_STREAM_PLE_SPLIT=0@.gpu/gpu_check_split) alternated, ROUNDS rounds (2), no run
-#         begun after ROTATE_BUDGET s (~50 s a run);
+#         begun after ROTATE_BUDGET s (~50 s a run); the lengths are gpu_check's
+#         HAYAI_BENCH_PROMPT / HAYAI_BENCH_GEN (128 / 512): ROTATE_ENV (e.g.
+#         "HAYAI_BENCH_PROMPT=2048 HAYAI_BENCH_GEN=256") applies to every run of the rotation;
 #         long: the streamed step at a long context through `hayai bench-engine` (carry
 #         .gpu/hayai.gz; LONG_PROMPT tokens, 2048, + 256), the default alternated with each
 #         VAR=VALUE setting in LONG_ENV, LONG_ROUNDS rounds (1);
 #         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
-#         split into 2-32 words, reduction links by integer atomics and bulk reductions; ~1 min);
+#         split into 2-32 words, reduction links by integer atomics and bulk reductions,
+#         staggered pollers, a release per warp; ~1 min); LINK_ARGS: extra arguments (e.g.
+#         "--stagger-only --cyc 900");
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
 #         .gpu/hayai.gz; ~2 min);
@@ -180,7 +184,7 @@ run() {
   if has rotate; then
     # Several measurement builds against the default in one rotation (ROTATE="bin ...", ROUNDS
     # rounds, default 2): D A B C ... D A B C ..., every build's runs spread over the call.
-    stage "streamed step: rotation of the default and ${ROTATE:-}"
+    stage "streamed step: rotation of the default and ${ROTATE:-}${ROTATE_ENV:+ (${ROTATE_ENV})}"
     local r c t0=$SECONDS
     for ((r = 0; r < ${ROUNDS:-2}; r++)); do
       for c in "$C" ${ROTATE:-}; do
@@ -189,12 +193,12 @@ run() {
         echo "-- $c" | tee -a "$out/session.log"
         if [[ "$c" =~ ^([A-Za-z_][A-Za-z0-9_]*=[^@]*)@(.+)$ ]]; then
           # VAR=VALUE@BINARY: a measurement build with that setting.
-          env "${BASH_REMATCH[1]}" timeout 100 "${BASH_REMATCH[2]}" bench-stream 2>&1 | grep -E "decode:" |
-            tee -a "$out/session.log"
+          env ${ROTATE_ENV:-} "${BASH_REMATCH[1]}" timeout 100 "${BASH_REMATCH[2]}" bench-stream 2>&1 |
+            grep -E "decode:" | tee -a "$out/session.log"
         elif [[ "$c" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
-          env "$c" timeout 100 "$C" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+          env ${ROTATE_ENV:-} "$c" timeout 100 "$C" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
         else
-          timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+          env ${ROTATE_ENV:-} timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
         fi
       done
     done
@@ -221,8 +225,8 @@ run() {
     local nv
     nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     if "$nv" -O3 -std=c++17 -arch=sm_90 -o /tmp/link_rate crates/hayai-cuda/proto/link_rate.cu > "$out/link.log" 2>&1; then
-      timeout 120 /tmp/link_rate --n 2560 2>&1 | tee -a "$out/session.log"
-      timeout 120 /tmp/link_rate --n 10240 2>&1 | tee -a "$out/session.log"
+      timeout 120 /tmp/link_rate --n 2560 ${LINK_ARGS:-} 2>&1 | tee -a "$out/session.log"
+      timeout 120 /tmp/link_rate --n 10240 ${LINK_ARGS:-} 2>&1 | tee -a "$out/session.log"
     else
       echo "link_rate.cu: build failed ($out/link.log)" | tee -a "$out/session.log"
     fi

@@ -5,6 +5,10 @@
 //!        [bench-a8] [bench-pf] [bench-pfa] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
 //!        [bench-bf16-tiled]
 //!        (default: all)
+//!
+//! The bench stages take the prompt and generation lengths from `HAYAI_BENCH_PROMPT` and
+//! `HAYAI_BENCH_GEN` (default 128 and 512), so a measurement build can be timed at a long
+//! context the same way (`scripts/gpu-session.sh` rotate: `VAR=VALUE@PATH`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +25,17 @@ fn opts(quant: Quant, persistent_gemv: bool) -> CudaOptions {
         quant,
         persistent_gemv,
         ..Default::default()
+    }
+}
+
+/// A bench length from the environment variable `var` (a positive integer), else `default`.
+fn bench_len(var: &str, default: usize) -> Result<usize, String> {
+    match std::env::var(var) {
+        Err(_) => Ok(default),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{var}={v}: expected a positive integer")),
+        },
     }
 }
 
@@ -826,6 +841,15 @@ fn main() {
         runs.push(opts(Quant::Bf16, false));
     }
     if !runs.is_empty() {
+        let lens = bench_len("HAYAI_BENCH_PROMPT", 128)
+            .and_then(|p| bench_len("HAYAI_BENCH_GEN", 512).map(|g| (p, g)));
+        let (prompt_len, gen) = match lens {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("gpu_check: {e}");
+                std::process::exit(2);
+            }
+        };
         let t = Instant::now();
         let m = Arc::new(random_model_bf16(&e4b_spec(), 7));
         println!(
@@ -835,11 +859,13 @@ fn main() {
         for cuda in runs {
             let o = BenchOptions {
                 cuda,
+                prompt_len,
+                gen,
                 ..Default::default()
             };
             match bench_engine(m.clone(), &o) {
                 Ok(r) => println!(
-                    "== bench-engine synth:e4b --quant {} --prompt-len 128 --gen 512\n{}",
+                    "== bench-engine synth:e4b --quant {} --prompt-len {prompt_len} --gen {gen}\n{}",
                     o.cuda.quant.name(),
                     r.to_text()
                 ),
