@@ -28,7 +28,8 @@
 #         VAR=VALUE setting in LONG_ENV, LONG_ROUNDS rounds (1);
 #         link: proto/link_rate.cu built there and run (one link's cost by scheme: the counter
 #         split into 2-32 words, reduction links by integer atomics and bulk reductions,
-#         staggered pollers, a release per warp; ~1 min); LINK_ARGS: extra arguments (e.g.
+#         staggered pollers, a release per warp, the hand-over inside a thread-block cluster;
+#         ~1 min); LINK_ARGS: extra arguments (e.g.
 #         "--stagger-only --cyc 900");
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry

@@ -33,6 +33,13 @@
 //             barrier before; thread 0 polls for nsm x warps adds. Whether a block's release
 //             waits on more than its own warp's stores (one fence a warp, none behind a barrier).
 //             H200, 2,560 floats: 3.12 us (the adds on one counter cost more than the barrier).
+//   cluster/C (sm_90; written in the twenty-eighth session, not yet run): the hand-over inside a
+//             thread-block cluster of C blocks instead of the whole grid: each block writes its
+//             share of the vector into its own shared memory, the cluster's hardware barrier
+//             (arrive.release / wait.acquire), then every block reads the whole vector from the
+//             C blocks' shared memory (distributed shared memory). Clusters run side by side, as
+//             many as fit (cudaOccupancyMaxActiveClusters), each passing its own vector. What a
+//             link among C SMs could cost, e.g. the PLE gate and projection on one cluster.
 //   red/C   : a reduction link (split-K across SMs fused into the hand-over): C SMs each add a
 //             partial to *every* element of the vector with integer atomics on 64-bit
 //             fixed-point words (`red.global.add.u64`: the sum is the same whatever the order,
@@ -60,7 +67,11 @@
 #include <algorithm>
 #include <utility>
 
+#include <cooperative_groups.h>
+
 #include "proto.cuh"
+
+namespace cg = cooperative_groups;
 
 enum Scheme { COUNTER, FLAGS, LL, NONE, LLC, COUNTERG, RED, RED32, BRED, STAGGER, WARPREL };
 
@@ -334,6 +345,99 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
     if (wrong) atomicAdd(bad, wrong);
 }
 
+// cluster/C: rounds of the vector handed over inside each cluster (see the scheme list). Shared
+// memory: two buffers of ceil(n / C) floats (a round's writes go to the buffer the round before
+// last read: every block has passed this round's predecessor's barrier, so those reads are done).
+__global__ void cluster_rounds(int n, int rounds, unsigned* bad) {
+    extern __shared__ __align__(16) float cbuf[];
+    __shared__ float red[32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cl = cg::this_cluster();
+    const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank(), tid = threadIdx.x, T = blockDim.x;
+    const int per = (n + C - 1) / C;
+    unsigned wrong = 0;
+    float prev_ok = 0.f;
+    for (int k = 0; k < rounds; k++) {
+        float* mine = cbuf + (k & 1) * per;
+        for (int i = tid; i < per; i += T) {
+            const int r = rank * per + i;
+            if (r < n) mine[i] = (float)(r + k) + prev_ok;
+        }
+        cl.sync();
+        float sum = 0.f;
+#pragma unroll 8
+        for (int r = tid; r < n; r += T) {
+            const float* src = cl.map_shared_rank(cbuf + (k & 1) * per, r / per);
+            const float v = src[r % per], e = (float)(r + k);
+            wrong += v != e;
+            sum += v - e;
+        }
+        prev_ok = block_sum(sum, red);
+    }
+    cl.sync();  // no block leaves while another may still read its shared memory
+    if (wrong) atomicAdd(bad, wrong);
+#else
+    (void)n;
+    (void)rounds;
+    (void)bad;
+    (void)red;
+#endif
+}
+
+// cluster/C's µs per round for C = 2 .. 16 (sm_90 only; C above 8 where the device allows it).
+static void cluster_links(int n, int threads, unsigned* bad) {
+    CK(cudaFuncSetAttribute(cluster_rounds, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    const int cs[] = {2, 4, 8, 16};
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int C : cs) {
+        const size_t smem = 2 * (size_t)((n + C - 1) / C) * sizeof(float);
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)C;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.blockDim = dim3((unsigned)threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        cfg.gridDim = dim3((unsigned)C);
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, cluster_rounds, &cfg) != cudaSuccess || clusters < 1) {
+            (void)cudaGetLastError();
+            printf("cluster/%-3d: not available on this device\n", C);
+            continue;
+        }
+        cfg.gridDim = dim3((unsigned)(clusters * C));
+        auto launch = [&](int rounds) {
+            CK(cudaMemset(bad, 0, 4));
+            CK(cudaEventRecord(e0));
+            CK(cudaLaunchKernelEx(&cfg, cluster_rounds, n, rounds, bad));
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaGetLastError());
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            unsigned hb;
+            CK(cudaMemcpy(&hb, bad, 4, cudaMemcpyDeviceToHost));
+            return std::make_pair((double)ms, hb);
+        };
+        const int R1 = 200, R2 = 1200;
+        launch(R1);  // warm-up
+        double best = 1e30;
+        unsigned wrong = 0;
+        for (int rep = 0; rep < 5; rep++) {
+            const auto a = launch(R1), b = launch(R2);
+            best = std::min(best, (b.first - a.first) * 1e3 / (R2 - R1));
+            wrong += a.second + b.second;
+        }
+        printf("cluster/%-2d: %.3f us per link (%d clusters side by side), wrong reads %u%s\n", C, best, clusters,
+               wrong, wrong ? "  <-- FAIL" : "");
+    }
+}
+
 int main(int argc, char** argv) {
     int n = 2560, threads = 384, nap = 0;
     long long cyc = 1200;  // stagger/P: cycles between a poll's issue and the look at its value
@@ -441,5 +545,6 @@ int main(int argc, char** argv) {
         printf("%-10s: %.3f us per link, wrong reads %u%s\n", name, best, wrong,
                kind == NONE ? " (unsynchronized: expected)" : wrong ? "  <-- FAIL" : "");
     }
+    if (prop.major >= 9) cluster_links(n, threads, bad);
     return 0;
 }
