@@ -384,6 +384,38 @@ __global__ void cluster_rounds(int n, int rounds, unsigned* bad) {
 #endif
 }
 
+// Rounds per timed launch: a scheme's µs per round is the difference of the two lengths' times,
+// so the launch itself is not counted.
+constexpr int R1 = 200, R2 = 1200;
+
+// µs per round of the kernel `start(rounds)` launches (after resetting its own buffers), best of
+// five pairs after a warm-up, and the wrong reads it counted into `bad` over them.
+template <class Start>
+static std::pair<double, unsigned> us_per_round(Start start, unsigned* bad, cudaEvent_t e0, cudaEvent_t e1) {
+    auto launch = [&](int rounds) {
+        CK(cudaMemset(bad, 0, 4));
+        CK(cudaEventRecord(e0));
+        start(rounds);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        unsigned hb;
+        CK(cudaMemcpy(&hb, bad, 4, cudaMemcpyDeviceToHost));
+        return std::make_pair((double)ms, hb);
+    };
+    launch(R1);  // warm-up
+    double best = 1e30;
+    unsigned wrong = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        const auto a = launch(R1), b = launch(R2);
+        best = std::min(best, (b.first - a.first) * 1e3 / (R2 - R1));
+        wrong += a.second + b.second;
+    }
+    return {best, wrong};
+}
+
 // cluster/C's µs per round for C = 2 .. 16 (sm_90 only; C above 8 where the device allows it).
 static void cluster_links(int n, int threads, unsigned* bad) {
     CK(cudaFuncSetAttribute(cluster_rounds, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -411,28 +443,8 @@ static void cluster_links(int n, int threads, unsigned* bad) {
             continue;
         }
         cfg.gridDim = dim3((unsigned)(clusters * C));
-        auto launch = [&](int rounds) {
-            CK(cudaMemset(bad, 0, 4));
-            CK(cudaEventRecord(e0));
-            CK(cudaLaunchKernelEx(&cfg, cluster_rounds, n, rounds, bad));
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaGetLastError());
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            unsigned hb;
-            CK(cudaMemcpy(&hb, bad, 4, cudaMemcpyDeviceToHost));
-            return std::make_pair((double)ms, hb);
-        };
-        const int R1 = 200, R2 = 1200;
-        launch(R1);  // warm-up
-        double best = 1e30;
-        unsigned wrong = 0;
-        for (int rep = 0; rep < 5; rep++) {
-            const auto a = launch(R1), b = launch(R2);
-            best = std::min(best, (b.first - a.first) * 1e3 / (R2 - R1));
-            wrong += a.second + b.second;
-        }
+        const auto [best, wrong] = us_per_round(
+            [&](int rounds) { CK(cudaLaunchKernelEx(&cfg, cluster_rounds, n, rounds, bad)); }, bad, e0, e1);
         printf("cluster/%-2d: %.3f us per link (%d clusters side by side), wrong reads %u%s\n", C, best, clusters,
                wrong, wrong ? "  <-- FAIL" : "");
     }
@@ -457,7 +469,6 @@ int main(int argc, char** argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     const int P = prop.multiProcessorCount;
     if (n % 4 || n / 2 > 16 * threads) { fprintf(stderr, "--n: a multiple of 4, at most 32 x threads\n"); return 2; }
-    const int R1 = 200, R2 = 1200;
     float* vec;
     unsigned long long* llvec;
     unsigned *sync, *bad;
@@ -500,12 +511,10 @@ int main(int argc, char** argv) {
                                        : 1;
         if (kind == STAGGER && G * 32 > threads) continue;
         if (stagger_only && kind != STAGGER && kind != COUNTER && kind != NONE && kind != WARPREL) continue;
-        auto launch = [&](int rounds) {
+        auto start = [&](int rounds) {
             CK(cudaMemset(vec, 0, (size_t)R2 * n * 4));
             CK(cudaMemset(llvec, 0, (size_t)R2 * n * 8));
             CK(cudaMemset(sync, 0, (size_t)R2 * P * 4));
-            CK(cudaMemset(bad, 0, 4));
-            CK(cudaEventRecord(e0));
             switch (kind) {
             case COUNTER: link_rounds<COUNTER, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
             case FLAGS: link_rounds<FLAGS, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad); break;
@@ -519,23 +528,8 @@ int main(int argc, char** argv) {
             case STAGGER: link_rounds<STAGGER, 16><<<P, threads>>>(vec, llvec, sync, n, rounds, nap, bad, G, cyc); break;
             default: link_rounds<BRED, 16><<<P, threads, n * 8>>>(vec, llvec, sync, n, rounds, nap, bad, G); break;
             }
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaGetLastError());
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            unsigned hb;
-            CK(cudaMemcpy(&hb, bad, 4, cudaMemcpyDeviceToHost));
-            return std::make_pair((double)ms, hb);
         };
-        launch(R1);  // warm-up
-        double best = 1e30;
-        unsigned wrong = 0;
-        for (int rep = 0; rep < 5; rep++) {
-            const auto a = launch(R1), b = launch(R2);
-            best = std::min(best, (b.first - a.first) * 1e3 / (R2 - R1));
-            wrong += a.second + b.second;
-        }
+        const auto [best, wrong] = us_per_round(start, bad, e0, e1);
         char name[32];
         if (scheme < 5) snprintf(name, sizeof name, "%s", names[scheme]);
         else if (kind == WARPREL) snprintf(name, sizeof name, "warprel");
