@@ -1084,18 +1084,18 @@ __device__ void ssa_inputs(const AttnParams& a, const SsaLayout& L, int g, bool 
     }
 }
 
-// SSA_WARP_HEAD=1 (a measurement build; off): an item's tiles by one warp a query head, the
-// scores, the softmax and p.V in the warp's registers (a lane holds the head's columns 4 lane +
-// 128 c, as the scores' partial dots do, and key c0 + lane's score), so a tile costs one block
-// barrier (its rows landed) instead of four; the same sums in the same order where a tile has at
-// most 32 keys (the block's scores, softmax and p.V: see ssa_item). Head dims that are multiples
-// of 128 up to 512; others take the block's tiles. Measured (twenty-eighth session, E4B shapes,
-// 128 + 512): 573.5 and 573.5 tok/s against the default's 572.5 and 570.9, the attention's items
-// 0.119 -> 0.112 ms a step, parity the default's figures; 168 registers against 155. Not the
-// default: within the run-to-run spread, and not measured at long contexts (more keys an item,
-// all on r warps) nor on the compute_80 path.
+// SSA_WARP_HEAD (default 1): an item's tiles by one warp a query head, the scores, the softmax
+// and p.V in the warp's registers (a lane holds the head's columns 4 lane + 128 c, as the scores'
+// partial dots do, and key c0 + lane's score), so a tile costs one block barrier (its rows
+// landed) instead of four; the same sums in the same order where a tile has at most 32 keys (the
+// block's scores, softmax and p.V: see ssa_item). Head dims that are multiples of 128 up to 512;
+// others take the block's tiles, as does `-DSSA_WARP_HEAD=0`. Measured (E4B shapes): 128 + 512,
+// 573.5 and 573.5 tok/s against the block's tiles' 572.5 and 570.9 (twenty-eighth session; the
+// items 0.119 -> 0.112 ms a step); 2,048 + 256, 543.7-544.5 against 541.2-542.4 in three
+// alternated rounds (twenty-ninth); parity PASS with the block's figures on sm_90 and on the
+// compute_80 PTX path. 168 registers against 155.
 #ifndef SSA_WARP_HEAD
-#define SSA_WARP_HEAD 0
+#define SSA_WARP_HEAD 1
 #endif
 #if SSA_WARP_HEAD
 // Warp h's running state over the item's tiles: p.V accumulators, max and sum.

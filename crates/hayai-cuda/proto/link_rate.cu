@@ -33,13 +33,19 @@
 //             barrier before; thread 0 polls for nsm x warps adds. Whether a block's release
 //             waits on more than its own warp's stores (one fence a warp, none behind a barrier).
 //             H200, 2,560 floats: 3.12 us (the adds on one counter cost more than the barrier).
-//   cluster/C (sm_90; written in the twenty-eighth session, not yet run): the hand-over inside a
-//             thread-block cluster of C blocks instead of the whole grid: each block writes its
-//             share of the vector into its own shared memory, the cluster's hardware barrier
-//             (arrive.release / wait.acquire), then every block reads the whole vector from the
-//             C blocks' shared memory (distributed shared memory). Clusters run side by side, as
-//             many as fit (cudaOccupancyMaxActiveClusters), each passing its own vector. What a
-//             link among C SMs could cost, e.g. the PLE gate and projection on one cluster.
+//   cluster/C (sm_90): the hand-over inside a thread-block cluster of C blocks instead of the
+//             whole grid: each block writes its share of the vector into its own shared memory,
+//             the cluster's hardware barrier (arrive.release / wait.acquire), then every block
+//             reads the whole vector from the C blocks' shared memory (distributed shared memory,
+//             float4 loads). One block per SM (the dynamic shared memory asks for more than half
+//             an SM's), clusters side by side, as many as fit, each passing its own vector.
+//   cown/C  : cluster/C reading only the block's own share back after the barrier.
+//   cbar/C  : cluster/C's barrier alone (no read): what the cluster's synchronization costs.
+//             H200, 2,560 floats (twenty-ninth session, docs/performance.md): counter 2.07 us;
+//             cluster 1.23 / 1.32 / 1.34 / 1.41 us at C = 2 / 4 / 8 / 16, cown 0.74-0.62, cbar
+//             0.36-0.31; 10,240 floats: counter 2.43, cluster 2.56-3.46, cbar 0.58-0.35. The
+//             barrier is cheap; reading the whole vector over DSMEM is not (~1 us and more, more
+//             with C), and only 120 SMs (C = 4, 8) or 112 (C = 16) of 132 hold clusters.
 //   red/C   : a reduction link (split-K across SMs fused into the hand-over): C SMs each add a
 //             partial to *every* element of the vector with integer atomics on 64-bit
 //             fixed-point words (`red.global.add.u64`: the sum is the same whatever the order,
@@ -348,13 +354,16 @@ __global__ void link_rounds(float* vec, unsigned long long* llvec, unsigned* syn
 // cluster/C: rounds of the vector handed over inside each cluster (see the scheme list). Shared
 // memory: two buffers of ceil(n / C) floats (a round's writes go to the buffer the round before
 // last read: every block has passed this round's predecessor's barrier, so those reads are done).
+// READ: 2 = the whole vector from the C blocks (float4 loads through distributed shared memory),
+// 1 = only the block's own share (local shared memory), 0 = none (the cluster barrier alone).
+template <int READ>
 __global__ void cluster_rounds(int n, int rounds, unsigned* bad) {
     extern __shared__ __align__(16) float cbuf[];
     __shared__ float red[32];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cl = cg::this_cluster();
     const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank(), tid = threadIdx.x, T = blockDim.x;
-    const int per = (n + C - 1) / C;
+    const int per = (n + C - 1) / C, per4 = per / 4;  // the host keeps n a multiple of 4 C
     unsigned wrong = 0;
     float prev_ok = 0.f;
     for (int k = 0; k < rounds; k++) {
@@ -365,14 +374,23 @@ __global__ void cluster_rounds(int n, int rounds, unsigned* bad) {
         }
         cl.sync();
         float sum = 0.f;
-#pragma unroll 8
-        for (int r = tid; r < n; r += T) {
-            const float* src = cl.map_shared_rank(cbuf + (k & 1) * per, r / per);
-            const float v = src[r % per], e = (float)(r + k);
-            wrong += v != e;
-            sum += v - e;
+        if (READ == 2) {
+#pragma unroll 4
+            for (int q = tid; q < n / 4; q += T) {
+                const int owner = q / per4, r = q * 4;
+                const float4 v = reinterpret_cast<const float4*>(cl.map_shared_rank(mine, owner))[q - owner * per4];
+                const float e = (float)(r + k);
+                wrong += (v.x != e) + (v.y != e + 1.f) + (v.z != e + 2.f) + (v.w != e + 3.f);
+                sum += (v.x - e) + (v.y - e - 1.f) + (v.z - e - 2.f) + (v.w - e - 3.f);
+            }
+        } else if (READ == 1) {
+            for (int i = tid; i < per; i += T) {
+                const float e = (float)(rank * per + i + k);
+                wrong += mine[i] != e;
+                sum += mine[i] - e;
+            }
         }
-        prev_ok = block_sum(sum, red);
+        prev_ok = READ ? block_sum(sum, red) : 0.f;
     }
     cl.sync();  // no block leaves while another may still read its shared memory
     if (wrong) atomicAdd(bad, wrong);
@@ -416,15 +434,20 @@ static std::pair<double, unsigned> us_per_round(Start start, unsigned* bad, cuda
     return {best, wrong};
 }
 
-// cluster/C's µs per round for C = 2 .. 16 (sm_90 only; C above 8 where the device allows it).
-static void cluster_links(int n, int threads, unsigned* bad) {
-    CK(cudaFuncSetAttribute(cluster_rounds, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+// The cluster schemes' µs per round for C = 2 .. 16 (sm_90 only; C above 8 where the device
+// allows it). Each block asks for more than half an SM's shared memory, so one block runs per SM
+// as in the persistent step (left to the occupancy, several would share an SM).
+template <int READ>
+static void cluster_links(const char* name, int n, int threads, unsigned* bad, const cudaDeviceProp& prop) {
+    const size_t one_per_sm = prop.sharedMemPerMultiprocessor / 2 + 1024;
+    CK(cudaFuncSetAttribute(cluster_rounds<READ>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaFuncSetAttribute(cluster_rounds<READ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)one_per_sm));
     const int cs[] = {2, 4, 8, 16};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     for (int C : cs) {
-        const size_t smem = 2 * (size_t)((n + C - 1) / C) * sizeof(float);
+        if (n % (4 * C)) continue;
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
         attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -432,21 +455,21 @@ static void cluster_links(int n, int threads, unsigned* bad) {
         attr[0].val.clusterDim.y = 1;
         attr[0].val.clusterDim.z = 1;
         cfg.blockDim = dim3((unsigned)threads);
-        cfg.dynamicSmemBytes = smem;
+        cfg.dynamicSmemBytes = std::max(one_per_sm, 2 * (size_t)(n / C) * sizeof(float));
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         cfg.gridDim = dim3((unsigned)C);
         int clusters = 0;
-        if (cudaOccupancyMaxActiveClusters(&clusters, cluster_rounds, &cfg) != cudaSuccess || clusters < 1) {
+        if (cudaOccupancyMaxActiveClusters(&clusters, cluster_rounds<READ>, &cfg) != cudaSuccess || clusters < 1) {
             (void)cudaGetLastError();
-            printf("cluster/%-3d: not available on this device\n", C);
+            printf("%s/%-3d: not available on this device\n", name, C);
             continue;
         }
         cfg.gridDim = dim3((unsigned)(clusters * C));
         const auto [best, wrong] = us_per_round(
-            [&](int rounds) { CK(cudaLaunchKernelEx(&cfg, cluster_rounds, n, rounds, bad)); }, bad, e0, e1);
-        printf("cluster/%-2d: %.3f us per link (%d clusters side by side), wrong reads %u%s\n", C, best, clusters,
-               wrong, wrong ? "  <-- FAIL" : "");
+            [&](int rounds) { CK(cudaLaunchKernelEx(&cfg, cluster_rounds<READ>, n, rounds, bad)); }, bad, e0, e1);
+        printf("%s/%-2d: %.3f us per link (%d clusters side by side, %d SMs), wrong reads %u%s\n", name, C, best,
+               clusters, clusters * C, wrong, wrong ? "  <-- FAIL" : "");
     }
 }
 
@@ -454,14 +477,16 @@ int main(int argc, char** argv) {
     int n = 2560, threads = 384, nap = 0;
     long long cyc = 1200;  // stagger/P: cycles between a poll's issue and the look at its value
     bool stagger_only = false;  // --stagger-only: counter, none, the stagger/P schemes and warprel
+    bool cluster_only = false;  // --cluster-only: counter, none and the cluster schemes
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--nap") && i + 1 < argc) nap = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cyc") && i + 1 < argc) cyc = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--stagger-only")) stagger_only = true;
+        else if (!strcmp(argv[i], "--cluster-only")) cluster_only = true;
         else {
-            fprintf(stderr, "usage: %s [--n N] [--threads T] [--nap NS] [--cyc CYCLES] [--stagger-only]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--n N] [--threads T] [--nap NS] [--cyc CYCLES] [--stagger-only] [--cluster-only]\n", argv[0]);
             return 2;
         }
     }
@@ -511,6 +536,7 @@ int main(int argc, char** argv) {
                                        : 1;
         if (kind == STAGGER && G * 32 > threads) continue;
         if (stagger_only && kind != STAGGER && kind != COUNTER && kind != NONE && kind != WARPREL) continue;
+        if (cluster_only && kind != COUNTER && kind != NONE) continue;
         auto start = [&](int rounds) {
             CK(cudaMemset(vec, 0, (size_t)R2 * n * 4));
             CK(cudaMemset(llvec, 0, (size_t)R2 * n * 8));
@@ -539,6 +565,10 @@ int main(int argc, char** argv) {
         printf("%-10s: %.3f us per link, wrong reads %u%s\n", name, best, wrong,
                kind == NONE ? " (unsynchronized: expected)" : wrong ? "  <-- FAIL" : "");
     }
-    if (prop.major >= 9) cluster_links(n, threads, bad);
+    if (prop.major >= 9) {
+        cluster_links<2>("cluster", n, threads, bad, prop);
+        cluster_links<1>("cown", n, threads, bad, prop);
+        cluster_links<0>("cbar", n, threads, bad, prop);
+    }
     return 0;
 }
