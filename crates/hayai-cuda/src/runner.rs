@@ -631,7 +631,12 @@ impl CudaRunner {
             }
             r.attn_tile_dims = dims;
         }
-        r.plan = r.build_plan(sm)?;
+        // The streamed step's K splits are its stream layout's, for the SMs it runs on.
+        let plan_sm = match (&r.step_kernel, r.streamed) {
+            (Some(k), true) => k.grid,
+            _ => sm,
+        };
+        r.plan = r.build_plan(plan_sm)?;
         link_prefetches(
             &mut r.plan,
             opts.l2_prefetch,

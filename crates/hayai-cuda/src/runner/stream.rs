@@ -64,12 +64,13 @@ impl CudaRunner {
                 "streamed step: no block fits on an SM".into(),
             ));
         }
+        let grid = stream_grid(self.gpu.sm_count as usize, env_i32("HAYAI_STREAM_SMS"))?;
         Ok(StepConfig {
             kernel,
-            grid: self.gpu.sm_count as usize,
+            grid,
             smem,
             x_floats,
-            warps: self.gpu.sm_count as usize * STREAM_WARPS,
+            warps: grid * STREAM_WARPS,
         })
     }
 
@@ -374,6 +375,19 @@ fn stream_attn_rows(x_floats: usize, r: usize, hd: usize) -> usize {
 /// key and value, RoPE's table, per head m, l and correction (room for 8 heads), 4 spare.
 fn stream_attn_fixed(r: usize, hd: usize) -> usize {
     (2 * r + 3) * hd + 4 * STREAM_ATTN_MAX_GROUP + 4
+}
+
+/// The streamed step's grid: one block on every SM, or (`HAYAI_STREAM_SMS`, a measurement) `n`
+/// blocks, so `n` SMs, e.g. what a grid of thread-block clusters would keep (120 of 132 SMs in
+/// clusters of 4 or 8 on the H200): the weight streams are laid out for that many SMs.
+fn stream_grid(sm_count: usize, want: Option<i32>) -> Result<usize, CudaError> {
+    match want {
+        None => Ok(sm_count),
+        Some(n) if n >= 1 && n as usize <= sm_count => Ok(n as usize),
+        Some(n) => Err(CudaError::Unsupported(format!(
+            "HAYAI_STREAM_SMS={n}: the streamed step runs on 1 to {sm_count} SMs here"
+        ))),
+    }
 }
 
 /// A measurement or check setting of the streamed step (ignored unless an integer).
@@ -902,6 +916,17 @@ struct StreamRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_grid_takes_every_sm_or_a_valid_count() {
+        assert_eq!(stream_grid(132, None).unwrap(), 132);
+        assert_eq!(stream_grid(132, Some(120)).unwrap(), 120);
+        assert_eq!(stream_grid(132, Some(132)).unwrap(), 132);
+        for bad in [0, -4, 133] {
+            let e = stream_grid(132, Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("HAYAI_STREAM_SMS") && e.contains("1 to 132"), "{e}");
+        }
+    }
 
     fn gemv(rows: i32, cols: i32, splits: i32) -> Vec<u64> {
         let p = GemvParams {
