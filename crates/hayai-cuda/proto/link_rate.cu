@@ -46,6 +46,8 @@
 //             0.36-0.31; 10,240 floats: counter 2.43, cluster 2.56-3.46, cbar 0.58-0.35. The
 //             barrier is cheap; reading the whole vector over DSMEM is not (~1 us and more, more
 //             with C), and only 120 SMs (C = 4, 8) or 112 (C = 16) of 132 hold clusters.
+//             256 floats (thirtieth session): counter 1.97, cluster 0.85-0.89, cbar 0.30-0.32;
+//             the streamed step on 120 SMs instead of 132 ran 5.6% slower (HAYAI_STREAM_SMS).
 //   red/C   : a reduction link (split-K across SMs fused into the hand-over): C SMs each add a
 //             partial to *every* element of the vector with integer atomics on 64-bit
 //             fixed-point words (`red.global.add.u64`: the sum is the same whatever the order,
