@@ -924,7 +924,10 @@ mod tests {
         assert_eq!(stream_grid(132, Some(132)).unwrap(), 132);
         for bad in [0, -4, 133] {
             let e = stream_grid(132, Some(bad)).unwrap_err().to_string();
-            assert!(e.contains("HAYAI_STREAM_SMS") && e.contains("1 to 132"), "{e}");
+            assert!(
+                e.contains("HAYAI_STREAM_SMS") && e.contains("1 to 132"),
+                "{e}"
+            );
         }
     }
 
