@@ -45,18 +45,6 @@
 #ifndef SS_PFD
 #define SS_PFD 8                        // sm_90: chunks pulled into L2 ahead while the ring is full (0-16 measured: 8)
 #endif
-// SS_PFD_WAIT=N (a measurement build; 0, off, by default): while the SM's polling thread waits
-// for a link, the producer's L2 look-ahead runs up to N chunks ahead instead of SS_PFD (the SM's
-// ring is then full and its own memory traffic otherwise stops).
-#ifndef SS_PFD_WAIT
-#define SS_PFD_WAIT 0
-#endif
-#if SS_PFD_WAIT
-__shared__ volatile int ss_waiting;     // thread 0 is in a link's wait
-#define SS_WAITING(v) (ss_waiting = (v))
-#else
-#define SS_WAITING(v) ((void)0)
-#endif
 #define SS_PSLEEP 300                   // sm_90: ns the idle producer sleeps on its oldest copy
 // SS_PRE_CST (default 1; -DSS_PRE_CST=0 builds without): a GEMV's residual and norm weights are
 // copied into shared memory before the wait for its input (the launch plan's `cst`), and its
@@ -222,12 +210,7 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             // Nothing to copy or publish: pull the next chunks into L2 (up to SS_PFD ahead).
             if (pf < issued) pf = issued;
-#if SS_PFD_WAIT
-            const unsigned pfd = ss_waiting ? SS_PFD_WAIT : SS_PFD;
-#else
-            const unsigned pfd = SS_PFD;
-#endif
-            if (pf < nch && pf < issued + pfd && !*hold) {
+            if (pf < nch && pf < issued + SS_PFD && !*hold) {
                 if (lane == 0)
                     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)pf * SS_CH * SS_CELL_U4),
                                  "r"(min((unsigned)SS_CH, total - pf * SS_CH) * SS_CELL_BYTES)
@@ -1443,9 +1426,7 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     ct.sync();
     if (tid == 0) {
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(adone) : "memory");
-        SS_WAITING(1);
         ss_wait_count(adone, target);
-        SS_WAITING(0);
     }
     ct.sync();
     stamp_at(stamps, 7);
@@ -1494,7 +1475,6 @@ __device__ void stream_body(const StreamParams& P) {
 #endif
         landed_w = 0;
         hold = 0;
-        SS_WAITING(0);
         // The step's position (attention), read once per launch (every attention's prestage paid
         // its round trip before its wait: +0.3-0.8% a step, docs/performance.md, fifteenth
         // session), requested before the counter so both are in flight.
@@ -1561,9 +1541,7 @@ __device__ void stream_body(const StreamParams& P) {
         ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
-            SS_WAITING(1);
             ss_wait_count(P.done + k - 1, target);
-            SS_WAITING(0);
         }
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;

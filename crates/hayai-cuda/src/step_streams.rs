@@ -7,7 +7,7 @@
 use hayai_model::Model;
 
 use crate::runner::{fuse_host, HostMat};
-use crate::stream_layout::{self, Dealing, StreamOp, Streams, Weights};
+use crate::stream_layout::{self, StreamOp, Streams, Weights};
 use crate::{CudaError, Quant};
 
 /// The step's GEMVs: their labels (the launch plan's names) and per-SM streams.
@@ -128,15 +128,13 @@ fn step_mats(
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them
 /// must take one cell format: int4 needs every width a multiple of 128 (else a clear error).
 /// `form`: how each per-layer-embedding gate and projection are laid out ([`PleForm`]; column
-/// cells, which the fused and split forms take, are int4 only). `dealing`: how units that do not
-/// divide evenly over the SMs are dealt ([`Dealing`]).
+/// cells, which the fused and split forms take, are int4 only).
 pub fn step_streams(
     model: &Model,
     quant: Quant,
     n_sm: usize,
     warps: usize,
     form: PleForm,
-    dealing: Dealing,
 ) -> Result<StepStreams, CudaError> {
     let mats = step_mats(model, quant, form)?;
     let ple_fused = form == PleForm::Fused;
@@ -162,7 +160,7 @@ pub fn step_streams(
             }
         })
         .collect();
-    let streams = stream_layout::build_dealt(&ops, n_sm, warps, dealing)
+    let streams = stream_layout::build(&ops, n_sm, warps)
         .map_err(|e| CudaError::Unsupported(format!("streamed step: {e}")))?;
     Ok(StepStreams {
         labels: mats.iter().map(|(l, _, _)| *l).collect(),
@@ -203,17 +201,14 @@ mod tests {
         }
         let model = random_model_bf16(&spec, 5);
         let w = &model.weights;
-        for (quant, form, dealing) in [
-            (Quant::Int4, PleForm::Apart, Dealing::Even),
-            (Quant::Int4, PleForm::Fused, Dealing::Even),
-            (Quant::Int4, PleForm::Split, Dealing::Even),
-            (Quant::Bf16, PleForm::Apart, Dealing::Even),
-            (Quant::Int4, PleForm::Apart, Dealing::Balanced),
-            (Quant::Int4, PleForm::Fused, Dealing::Balanced),
-            (Quant::Int4, PleForm::Split, Dealing::Balanced),
+        for (quant, form) in [
+            (Quant::Int4, PleForm::Apart),
+            (Quant::Int4, PleForm::Fused),
+            (Quant::Int4, PleForm::Split),
+            (Quant::Bf16, PleForm::Apart),
         ] {
             let (fused, split) = (form == PleForm::Fused, form == PleForm::Split);
-            let st = step_streams(&model, quant, 13, 12, form, dealing).unwrap();
+            let st = step_streams(&model, quant, 13, 12, form).unwrap();
             // The model's own matrices, fused the way each operation's rows are.
             let mut want: Vec<(&str, Vec<f32>)> = Vec::new();
             let mut check = |label: &'static str, y: Vec<f32>| want.push((label, y));
@@ -313,7 +308,7 @@ mod tests {
             p.dim = 64;
         }
         let model = random_model_bf16(&spec, 6);
-        let err = step_streams(&model, Quant::Int4, 13, 12, PleForm::Apart, Dealing::Even)
+        let err = step_streams(&model, Quant::Int4, 13, 12, PleForm::Apart)
             .err()
             .expect("an error");
         assert!(err.to_string().contains("cell format"), "{err}");

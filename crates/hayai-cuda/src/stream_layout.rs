@@ -114,22 +114,6 @@ pub struct OpPlan {
     pub splits: usize,
     /// The SMs its units are dealt over, ascending (empty: all of them).
     pub sms: Vec<usize>,
-    /// Units per SM when dealt by [`Dealing::Balanced`] (empty: the division form over `sms`).
-    pub counts: Vec<usize>,
-}
-
-/// How a GEMV's units are dealt to the SMs when they do not divide evenly.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Dealing {
-    /// SM `s` of `n` takes units `[u s / n, u (s + 1) / n)`: the same SMs tend to take the
-    /// extra unit of every operation.
-    #[default]
-    Even,
-    /// Each operation's extra units go to the SMs with the fewest cells so far in the step, so
-    /// every SM's running total of cells stays within about a unit of the others' (an SM's
-    /// producer streams ahead across operations while it waits: `HAYAI_STREAM_BALANCE=1`, a
-    /// measurement setting).
-    Balanced,
 }
 
 impl OpPlan {
@@ -154,10 +138,6 @@ impl OpPlan {
     /// none, its `first` where the next one's begins).
     pub fn sm_units(&self, n_sm: usize, s: usize) -> (usize, usize) {
         let u = self.units();
-        if !self.counts.is_empty() {
-            let first = self.counts[..s].iter().sum();
-            return (first, self.counts[s]);
-        }
         if self.sms.is_empty() {
             let first = u * s / n_sm;
             return (first, u * (s + 1) / n_sm - first);
@@ -240,16 +220,6 @@ pub struct Streams {
 /// Builds every SM's stream for `ops` (one cell format for all of them) on `n_sm` SMs with
 /// `warps` consumer warps each.
 pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, String> {
-    build_dealt(ops, n_sm, warps, Dealing::Even)
-}
-
-/// [`build`] with the units dealt as `dealing` says.
-pub fn build_dealt(
-    ops: &[StreamOp],
-    n_sm: usize,
-    warps: usize,
-    dealing: Dealing,
-) -> Result<Streams, String> {
     let first = ops.first().ok_or("no operations")?;
     let format = first.weights.format();
     if format == CellFormat::Int4Columns {
@@ -259,8 +229,6 @@ pub fn build_dealt(
         return Err("no SMs or no warps".into());
     }
     let mut plans: Vec<OpPlan> = Vec::with_capacity(ops.len());
-    // Every SM's cells so far (Dealing::Balanced).
-    let mut load = vec![0usize; n_sm];
     for (i, op) in ops.iter().enumerate() {
         let (rows, cols) = op.weights.shape();
         let f = op.weights.format();
@@ -294,13 +262,6 @@ pub fn build_dealt(
                 groups: rows.div_ceil(COL_CELL_ROWS),
                 splits: copies,
                 sms: Vec::new(),
-                // Dealt alike with the tiles they match.
-                counts: match plans.last() {
-                    Some(prev) if copies == prev.splits && prev.tiles() == tiles => {
-                        prev.counts.clone()
-                    }
-                    _ => Vec::new(),
-                },
             }
         } else {
             if rows == 0 || rows % CELL_ROWS != 0 || cols == 0 || cols % format.cols() != 0 {
@@ -317,18 +278,11 @@ pub fn build_dealt(
                 groups,
                 splits: k_splits(rows, groups, op.whole, n_sm),
                 sms: Vec::new(),
-                counts: Vec::new(),
             }
         };
         // (Column cells go where the row tiles they match went: never away from them.)
         if let (true, Some(prev)) = (op.after_prev && f != CellFormat::Int4Columns, plans.last()) {
             plan.sms = away_from(prev, &plan, n_sm, warps);
-        }
-        if dealing == Dealing::Balanced && plan.sms.is_empty() && plan.counts.is_empty() {
-            plan.counts = balanced_counts(&plan, &load);
-        }
-        for (s, l) in load.iter_mut().enumerate() {
-            *l += plan.sm_units(n_sm, s).1 * plan.unit_groups();
         }
         plans.push(plan);
     }
@@ -356,20 +310,6 @@ pub fn build_dealt(
         bytes,
         sm_base,
     })
-}
-
-/// Units per SM for [`Dealing::Balanced`]: every SM `u / n`, and the `u % n` extra units to the
-/// SMs with the fewest cells so far (`load`; ties to the lower index).
-fn balanced_counts(plan: &OpPlan, load: &[usize]) -> Vec<usize> {
-    let n = load.len();
-    let u = plan.units();
-    let mut counts = vec![u / n; n];
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&s| (load[s], s));
-    for &s in &order[..u % n] {
-        counts[s] += 1;
-    }
-    counts
 }
 
 /// The SMs `prev` leaves without units, if dealing `plan` over them alone costs no SM a second
@@ -810,54 +750,6 @@ mod tests {
             }
         }
         assert!(away > 0, "no dealing over idle SMs walked");
-    }
-
-    /// Balanced dealing: the same sums, each SM's shares consistent with its stream, and every
-    /// SM's total within one unit's cells of every other's (the even dealing's spread is
-    /// larger here).
-    #[test]
-    fn balanced_dealing_walks_back_and_evens_the_totals() {
-        let mats = int4_mats(3);
-        let ops: Vec<StreamOp> = int4_ops(&mats)
-            .into_iter()
-            .map(|o| StreamOp {
-                after_prev: false,
-                ..o
-            })
-            .collect();
-        let spread = |st: &Streams| {
-            let t: Vec<usize> = (0..st.n_sm).map(|s| st.sm_cells(s)).collect();
-            t.iter().max().unwrap() - t.iter().min().unwrap()
-        };
-        for (n_sm, warps) in [(7, 4), (13, 12), (40, 8)] {
-            let st = build_dealt(&ops, n_sm, warps, Dealing::Balanced).unwrap();
-            assert!(st.ops.iter().all(|p| p.counts.len() == n_sm));
-            for (i, m) in mats.iter().enumerate() {
-                let x = input(m.cols);
-                assert!(
-                    close(&walk(&st, i, &x), &gemv(&m.dequantize(), &x)),
-                    "op {i}, {n_sm} SMs"
-                );
-            }
-            for s in 0..n_sm {
-                let cells: usize = st
-                    .sm_shares(s)
-                    .iter()
-                    .zip(&st.ops)
-                    .map(|(sh, p)| sh.units as usize * p.unit_groups())
-                    .sum();
-                assert_eq!(cells, st.sm_cells(s));
-                assert!(st.sm_base[s + 1] - st.sm_base[s] - cells < ALIGN_CELLS);
-            }
-            let unit = st.ops.iter().map(|p| p.unit_groups()).max().unwrap();
-            let even = build(&ops, n_sm, warps).unwrap();
-            assert!(
-                spread(&st) <= unit,
-                "{n_sm} SMs: spread {} > {unit}",
-                spread(&st)
-            );
-            assert!(spread(&st) <= spread(&even), "{n_sm} SMs");
-        }
     }
 
     /// A cell loop by steps: a warp's full rounds np kw cells apart, then the last partial round

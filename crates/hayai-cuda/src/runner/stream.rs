@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::step_streams::{step_streams, PleForm};
-use crate::stream_layout::{CellFormat, Dealing, OpPlan, SmShare, Streams};
+use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 
 /// Ring depths the kernel is compiled for (`decode_stream_r{N}`), deepest first.
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
@@ -96,13 +96,7 @@ impl CudaRunner {
         } else {
             PleForm::Apart
         };
-        // HAYAI_STREAM_BALANCE=1 (a measurement setting): extra units to the least loaded SMs.
-        let dealing = if env_i32("HAYAI_STREAM_BALANCE") == Some(1) {
-            Dealing::Balanced
-        } else {
-            Dealing::Even
-        };
-        let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS, form, dealing)?;
+        let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS, form)?;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = self
             .plan
@@ -970,7 +964,6 @@ mod tests {
             groups,
             splits,
             sms: Vec::new(),
-            counts: Vec::new(),
         }
     }
 
@@ -1192,7 +1185,6 @@ mod tests {
             groups: rows.div_ceil(96),
             splits: 1,
             sms: Vec::new(),
-            counts: Vec::new(),
         };
         let plans = [
             plan(64, 2, 1),
@@ -1336,7 +1328,6 @@ mod tests {
             groups: 2,
             splits: 2,
             sms: Vec::new(),
-            counts: Vec::new(),
         };
         let layer_plans = [
             plan((2 * ffn + pd) as usize, 2, 1),
