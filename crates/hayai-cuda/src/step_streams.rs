@@ -125,6 +125,15 @@ fn step_mats(
     Ok(out)
 }
 
+/// `HAYAI_STREAM_O_SPLITS=N` (a measurement setting): the O projection in at most N K splits
+/// (the launch plan takes the same cap); 0 or unset: as [`stream_layout::k_splits`] chooses.
+pub fn o_splits_cap() -> usize {
+    std::env::var("HAYAI_STREAM_O_SPLITS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them
 /// must take one cell format: int4 needs every width a multiple of 128 (else a clear error).
 /// `form`: how each per-layer-embedding gate and projection are laid out ([`PleForm`]; column
@@ -157,6 +166,11 @@ pub fn step_streams(
                 whole: *whole || (ple_fused && gate),
                 // Apart, the projection runs right after its gate (the launch plan's order).
                 after_prev: proj && form == PleForm::Apart,
+                max_splits: if *label == "gemv.o" {
+                    o_splits_cap()
+                } else {
+                    0
+                },
             }
         })
         .collect();

@@ -95,6 +95,8 @@ pub struct StreamOp<'a> {
     /// It runs right after the previous GEMV, with no operation between: its units go to the SMs
     /// the previous one leaves without units where that costs no SM a longer pass ([`build`]).
     pub after_prev: bool,
+    /// At most this many K splits (0: as [`k_splits`] chooses).
+    pub max_splits: usize,
 }
 
 /// How one GEMV is cut and dealt out.
@@ -169,10 +171,16 @@ impl OpPlan {
 /// of the best (GeGLU rows: 1). Whole tiles leave some SMs up to 1.65x the average (E4B's down
 /// projection: 160 tiles on 132 SMs), and every operation waits for its slowest SM.
 pub fn k_splits(rows: usize, groups: usize, whole: bool, n_sm: usize) -> usize {
+    k_splits_capped(rows, groups, whole, n_sm, 0)
+}
+
+/// [`k_splits`] among at most `max` splits (0: up to 4). A GEMV's consumers read each of its
+/// splits' partial vectors, which the largest share does not weigh.
+pub fn k_splits_capped(rows: usize, groups: usize, whole: bool, n_sm: usize, max: usize) -> usize {
     let tiles = rows / CELL_ROWS;
     let mut best: Option<(usize, usize)> = None; // (largest share, splits)
     for s in 1..=4 {
-        if groups % s != 0 || (whole && s > 1) {
+        if groups % s != 0 || (whole && s > 1) || (max > 0 && s > max) {
             continue;
         }
         let share = (tiles * s).div_ceil(n_sm) * (groups / s);
@@ -276,7 +284,7 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                 k: cols,
                 format: f,
                 groups,
-                splits: k_splits(rows, groups, op.whole, n_sm),
+                splits: k_splits_capped(rows, groups, op.whole, n_sm, op.max_splits),
                 sms: Vec::new(),
             }
         };
@@ -728,6 +736,7 @@ mod tests {
                 weights: Weights::Int4(m),
                 whole: glu,
                 after_prev: i % 2 == 1,
+                max_splits: 0,
             })
             .collect()
     }
@@ -890,6 +899,7 @@ mod tests {
                 },
                 whole: glu,
                 after_prev: false,
+                max_splits: 0,
             })
             .collect();
         let st = build(&ops, 13, 12).unwrap();
@@ -951,6 +961,7 @@ mod tests {
             weights: Weights::Int4(m),
             whole: false,
             after_prev,
+            max_splits: 0,
         };
         let (n_sm, warps) = (13, 4);
         let st = build(&[op(&first, false), op(&fits, true)], n_sm, warps).unwrap();
@@ -1010,11 +1021,13 @@ mod tests {
                 weights: Weights::Int4(rows),
                 whole,
                 after_prev: false,
+                max_splits: 0,
             },
             StreamOp {
                 weights: Weights::Int4Columns(cols),
                 whole: true,
                 after_prev: true,
+                max_splits: 0,
             },
         ];
         let st = build(&ops, n_sm, warps).unwrap();
@@ -1063,6 +1076,7 @@ mod tests {
             weights: Weights::Int4Columns(&m),
             whole: true,
             after_prev: false,
+            max_splits: 0,
         };
         assert!(build(&[col], 4, 4).is_err());
     }
@@ -1109,6 +1123,8 @@ mod tests {
         assert_eq!(k_splits(20480, 20, true, 132), 1); // GeGLU rows stay whole
         assert_eq!(k_splits(262144, 20, false, 132), 1); // lm_head: already within 2%
         assert_eq!(k_splits(2560, 16, false, 132), 4); // O: 32 -> 20 cells
+        assert_eq!(k_splits_capped(2560, 16, false, 132, 2), 2); // 24 cells
+        assert_eq!(k_splits_capped(2560, 80, false, 132, 1), 1);
     }
 
     #[test]
@@ -1118,6 +1134,7 @@ mod tests {
             weights: Weights::Int4(&m),
             whole: false,
             after_prev: false,
+            max_splits: 0,
         };
         assert!(build(&[op], 4, 4).is_err()); // 24 rows: not whole tiles
         let a = quantize_int4(&matrix(16, 128, 4));
@@ -1127,6 +1144,7 @@ mod tests {
                 weights: Weights::Int4(&a),
                 whole: false,
                 after_prev: false,
+                max_splits: 0,
             },
             StreamOp {
                 weights: Weights::Bf16 {
@@ -1136,6 +1154,7 @@ mod tests {
                 },
                 whole: false,
                 after_prev: false,
+                max_splits: 0,
             },
         ];
         assert!(build(&mixed, 4, 4).is_err());

@@ -411,7 +411,18 @@ impl CudaRunner {
             l.prefetch_at = Some(std::mem::offset_of!(AttnParams, pf));
             plan.push(l);
 
-            let so = self.mat_splits(&dl.o, sm);
+            let so = if self.streamed {
+                // The stream's own choice, with its measurement cap (HAYAI_STREAM_O_SPLITS).
+                crate::stream_layout::k_splits_capped(
+                    dl.o.rows,
+                    dl.o.cols / 128,
+                    false,
+                    sm,
+                    crate::step_streams::o_splits_cap(),
+                )
+            } else {
+                self.mat_splits(&dl.o, sm)
+            };
             let p = GemvParams {
                 input: s.attn_out.ptr(),
                 in_splits: 1,

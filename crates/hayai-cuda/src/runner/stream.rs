@@ -1012,6 +1012,7 @@ mod tests {
                 weights: Weights::Int4(&m),
                 whole: false,
                 after_prev: false,
+                max_splits: 0,
             }],
             3,
             4,
