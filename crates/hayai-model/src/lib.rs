@@ -7,6 +7,7 @@ pub mod assistant;
 pub mod cpu;
 pub mod error;
 pub mod gemma4;
+pub mod ggml;
 pub mod load;
 pub mod random;
 pub mod runner;

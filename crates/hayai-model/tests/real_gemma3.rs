@@ -71,6 +71,40 @@ fn greedy_agreement_with_llama_cpp() {
     assert!(agreements[0] >= 15 && agreements[1] >= 3, "{agreements:?}");
 }
 
+/// The ggml-exact forward (llama.cpp's CPU arithmetic reproduced bit for bit) must give every
+/// one of llama.cpp's 48 greedy tokens on both prompts: the prompt as one batch, then one token
+/// per call, as the reference was made.
+#[test]
+fn ggml_exact_forward_reproduces_llama_cpp_greedy_ids() {
+    let cases: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(data().join("reference/gemma3-270m-greedy.json")).unwrap(),
+    )
+    .unwrap();
+    let mut r = hayai_model::ggml::GgmlGemma3::open(&model_path()).expect("open the GGUF");
+    for c in cases {
+        let prompt: Vec<u32> = serde_json::from_value(c["prompt_ids"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(c["greedy_ids"].clone()).unwrap();
+        r.truncate(0);
+        let mut next = 0;
+        r.forward(&prompt, Rows::Last, &mut |_, l| {
+            next = hayai_model::argmax(l)
+        })
+        .unwrap();
+        let mut got = vec![next];
+        while got.len() < want.len() {
+            next = r.greedy_step(next).unwrap();
+            got.push(next);
+        }
+        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        println!(
+            "{:?}: {agree}/{} greedy tokens equal to llama.cpp",
+            c["prompt"],
+            want.len()
+        );
+        assert_eq!(got, want, "{:?}", c["prompt"]);
+    }
+}
+
 #[test]
 fn apache_ppl_matches_llama_cpp() {
     let text =

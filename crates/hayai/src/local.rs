@@ -64,6 +64,18 @@ impl From<CpuMatmulInputs> for hayai_model::cpu::MatmulInputs {
     }
 }
 
+/// Whose arithmetic the CPU backend follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CpuNumerics {
+    /// The f32 reference (the model as defined).
+    Reference,
+    /// llama.cpp's CPU backend bit for bit (x86 AVX-512 build of the version vendored by
+    /// llama-cpp-python 0.3.36, flash attention off): Gemma 3 GGUF files with Q4_K/Q5_0/Q6_K/
+    /// Q8_0 weights.
+    #[value(name = "llama-cpp")]
+    LlamaCpp,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Quant {
     /// The checkpoint's own weights (dequantized to f32 on the CPU, bf16 on the GPU).
@@ -110,6 +122,10 @@ pub struct ModelArgs {
     /// the others measure what a kernel with such activations would cost in quality).
     #[arg(long, value_enum, default_value = "f32")]
     pub cpu_matmul_inputs: CpuMatmulInputs,
+    /// CPU backend only: `llama-cpp` reproduces llama.cpp's CPU results bit for bit (its
+    /// quantized kernels, summation orders and roundings) instead of the f32 reference.
+    #[arg(long, value_enum, default_value = "reference")]
+    pub cpu_numerics: CpuNumerics,
     #[command(flatten)]
     pub variant: GpuVariantArgs,
 }
@@ -190,6 +206,9 @@ fn tracing_note(msg: &str) {
 
 /// Build the runner for the requested device and weight format.
 pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    if args.cpu_numerics == CpuNumerics::LlamaCpp {
+        return Ok(Box::new(llama_cpp_runner(l, args)?));
+    }
     let want_cuda = match args.device {
         Device::Cpu => false,
         Device::Cuda => true,
@@ -204,10 +223,32 @@ pub fn make_runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
     Ok(Box::new(cpu_runner(l.model.clone(), args)?))
 }
 
+/// The CPU forward with llama.cpp's arithmetic, on the GGUF file itself.
+fn llama_cpp_runner(l: &Loaded, args: &ModelArgs) -> Result<hayai_model::ggml::GgmlGemma3> {
+    if args.device == Device::Cuda {
+        bail!("--cpu-numerics llama-cpp runs on the CPU (use --device cpu or auto)");
+    }
+    if args.quant != Quant::Native || args.cpu_matmul_inputs != CpuMatmulInputs::F32 {
+        bail!("--cpu-numerics llama-cpp uses the file's own weights and kernels; drop --quant and --cpu-matmul-inputs");
+    }
+    args.variant.require_default_on_cpu()?;
+    if l.path.is_dir() {
+        bail!(
+            "--cpu-numerics llama-cpp needs a GGUF file ({} is a directory)",
+            l.path.display()
+        );
+    }
+    hayai_model::ggml::GgmlGemma3::open(&l.path)
+        .with_context(|| format!("opening {} for llama.cpp numerics", l.path.display()))
+}
+
 /// The CPU reference for `model` in the requested weight format and matrix-product inputs (the
 /// CUDA decode-kernel variants are an error here).
 pub fn cpu_runner(model: Arc<Model>, args: &ModelArgs) -> Result<CpuRunner> {
     args.variant.require_default_on_cpu()?;
+    if args.cpu_numerics != CpuNumerics::Reference {
+        bail!("--cpu-numerics llama-cpp is not available for this command");
+    }
     let inputs = match (args.quant.matmul_inputs(), args.cpu_matmul_inputs) {
         (None, c) => c.into(),
         (Some(m), CpuMatmulInputs::F32) => m,
