@@ -125,13 +125,16 @@ fn step_mats(
     Ok(out)
 }
 
-/// `HAYAI_STREAM_O_SPLITS=N` (a measurement setting): the O projection in at most N K splits
-/// (the launch plan takes the same cap); 0 or unset: as [`stream_layout::k_splits`] chooses.
+/// The O projection in at most this many K splits (the launch plan takes the same cap). Its
+/// consumers (the post-attention norm and the gate/up prologue) read every split's partial
+/// vector, which [`stream_layout::k_splits`] does not weigh: on E4B it would take 4 splits; 2
+/// measured 0.1-0.6% faster, 1 1.1% slower (docs/performance.md, thirty-second session).
+/// `HAYAI_STREAM_O_SPLITS=N` overrides it (0: as `k_splits` chooses).
 pub fn o_splits_cap() -> usize {
     std::env::var("HAYAI_STREAM_O_SPLITS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(2)
 }
 
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them

@@ -457,3 +457,66 @@ fn speculative_generate_equals_plain_greedy() {
     );
     fails_with(&out, "greedy");
 }
+
+#[test]
+fn llama_cpp_numerics_through_the_cli() {
+    // The reference's first prompt, greedy: llama.cpp's ids (its 16th token is a near-tie the
+    // f32 reference resolves the other way).
+    let m = model();
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("data/reference/gemma3-270m-greedy.json")).unwrap(),
+    )
+    .unwrap();
+    let c = &cases[0];
+    let ids: Vec<String> = c["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let want: Vec<u64> = c["greedy_ids"].as_array().unwrap()[..20]
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let out = ok_json(&run(
+        hayai().args([
+            "generate",
+            "--model",
+            &m,
+            "--prompt-ids",
+            &ids.join(","),
+            "--max-tokens",
+            "20",
+            "--temperature",
+            "0",
+            "--cpu-numerics",
+            "llama-cpp",
+            "--json",
+        ]),
+        None,
+    ));
+    let got: Vec<u64> = out["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(got, want);
+    // Where it does not apply: a clear error, not a silent fallback.
+    for extra in [["--quant", "int4"], ["--device", "cuda"]] {
+        let mut cmd = hayai();
+        cmd.args([
+            "generate",
+            "--model",
+            &m,
+            "--prompt-ids",
+            "2,818",
+            "--max-tokens",
+            "2",
+            "--cpu-numerics",
+            "llama-cpp",
+        ])
+        .args(extra);
+        fails_with(&run(&mut cmd, None), "--cpu-numerics llama-cpp");
+    }
+}

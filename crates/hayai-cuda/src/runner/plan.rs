@@ -412,7 +412,7 @@ impl CudaRunner {
             plan.push(l);
 
             let so = if self.streamed {
-                // The stream's own choice, with its measurement cap (HAYAI_STREAM_O_SPLITS).
+                // The stream's choice under its cap (`o_splits_cap`).
                 crate::stream_layout::k_splits_capped(
                     dl.o.rows,
                     dl.o.cols / 128,

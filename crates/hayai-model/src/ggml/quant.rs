@@ -2,21 +2,15 @@
 //! scalar code with ggml's exact float order. Integer parts are exact whatever the order; what
 //! is reproduced is which integers meet in which SIMD lane and the order of every float rounding.
 
+#[cfg(test)]
 use half::f16;
+
+/// f16 bits to f32 and f32 to f16 bits with round to nearest even (`GGML_CPU_FP32_TO_FP16` is
+/// F16C's `vcvtps2ph`, which rounds the same way).
+pub use hayai_core::convert::{f16_to_f32, f32_to_f16};
 
 pub const QK8_0: usize = 32;
 pub const QK_K: usize = 256;
-
-#[inline]
-pub fn f16_to_f32(bits: u16) -> f32 {
-    f16::from_bits(bits).to_f32()
-}
-
-/// `GGML_CPU_FP32_TO_FP16` (F16C `vcvtps2ph`, round to nearest even).
-#[inline]
-pub fn f32_to_f16(x: f32) -> u16 {
-    f16::from_f32(x).to_bits()
-}
 
 /// The horizontal sum of an `__m256` (`hsum_float_8` in quants, `hsum(__m256)` in tinyBLAS):
 /// upper half onto the lower, then halves again.
