@@ -125,16 +125,29 @@ fn step_mats(
     Ok(out)
 }
 
-/// The O projection in at most this many K splits (the launch plan takes the same cap). Its
-/// consumers (the post-attention norm and the gate/up prologue) read every split's partial
-/// vector, which [`stream_layout::k_splits`] does not weigh: on E4B it would take 4 splits; 2
-/// measured 0.1-0.6% faster, 1 1.1% slower (docs/performance.md, thirty-second session).
-/// `HAYAI_STREAM_O_SPLITS=N` overrides it (0: as `k_splits` chooses).
-pub fn o_splits_cap() -> usize {
-    std::env::var("HAYAI_STREAM_O_SPLITS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2)
+/// The most K splits a streamed GEMV may take (0: as [`stream_layout::k_splits`] chooses), by
+/// its label; the launch plan takes the same caps. A GEMV's consumers read every split's partial
+/// vector, which `k_splits` does not weigh. Default: the O projection at most 2 (on E4B
+/// `k_splits` would take 4; 2 measured 0.1-0.6% faster, 1 1.1% slower: docs/performance.md,
+/// thirty-second session). `HAYAI_STREAM_SPLITS_CAP="gemv.down=2,gemv.qkv=1"` (a measurement
+/// setting) sets caps by label, 0 lifting one.
+pub fn splits_cap(label: &str) -> usize {
+    if let Ok(spec) = std::env::var("HAYAI_STREAM_SPLITS_CAP") {
+        for item in spec.split(',') {
+            if let Some((l, v)) = item.split_once('=') {
+                if l.trim() == label {
+                    if let Ok(v) = v.trim().parse() {
+                        return v;
+                    }
+                }
+            }
+        }
+    }
+    if label == "gemv.o" {
+        2
+    } else {
+        0
+    }
 }
 
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them
@@ -169,11 +182,7 @@ pub fn step_streams(
                 whole: *whole || (ple_fused && gate),
                 // Apart, the projection runs right after its gate (the launch plan's order).
                 after_prev: proj && form == PleForm::Apart,
-                max_splits: if *label == "gemv.o" {
-                    o_splits_cap()
-                } else {
-                    0
-                },
+                max_splits: splits_cap(label),
             }
         })
         .collect();

@@ -172,11 +172,13 @@ impl CudaRunner {
         (l, Act::whole(ptr, rows))
     }
 
-    fn mat_splits(&self, m: &DevMat, sm: usize) -> usize {
+    /// `label`: the GEMV's stream label (the streamed step's split caps are by label).
+    fn mat_splits(&self, m: &DevMat, sm: usize, label: &str) -> usize {
         let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
         if self.streamed {
-            // The stream layout's own K splits (its gate/up: 1, at the call site).
-            return crate::stream_layout::k_splits(m.rows, m.cols / 128, false, sm);
+            // The stream layout's own K splits under its caps (its gate/up: 1, at the call site).
+            let cap = crate::step_streams::splits_cap(label);
+            return crate::stream_layout::k_splits_capped(m.rows, m.cols / 128, false, sm, cap);
         }
         if let Some(k) = &self.step_kernel {
             return step_splits(m.rows, units, k.warps);
@@ -284,7 +286,7 @@ impl CudaRunner {
         if let (Some(pm), Some(table), Some(pn), Some(ps)) =
             (&self.ple_model, &self.ple_table, &self.ple_norm, &spec.ple)
         {
-            let sp = self.mat_splits(pm, sm);
+            let sp = self.mat_splits(pm, sm, "gemv.ple_model");
             let (l, ctx_act) = self.gemv(
                 "gemv.ple_model",
                 pm,
@@ -346,7 +348,7 @@ impl CudaRunner {
                     };
                 }
             }
-            let sq = self.mat_splits(&dl.qkv, sm);
+            let sq = self.mat_splits(&dl.qkv, sm, "gemv.qkv");
             let (l, qkv) = self.gemv(
                 "gemv.qkv",
                 &dl.qkv,
@@ -411,18 +413,7 @@ impl CudaRunner {
             l.prefetch_at = Some(std::mem::offset_of!(AttnParams, pf));
             plan.push(l);
 
-            let so = if self.streamed {
-                // The stream's choice under its cap (`o_splits_cap`).
-                crate::stream_layout::k_splits_capped(
-                    dl.o.rows,
-                    dl.o.cols / 128,
-                    false,
-                    sm,
-                    crate::step_streams::o_splits_cap(),
-                )
-            } else {
-                self.mat_splits(&dl.o, sm)
-            };
+            let so = self.mat_splits(&dl.o, sm, "gemv.o");
             let p = GemvParams {
                 input: s.attn_out.ptr(),
                 in_splits: 1,
@@ -449,7 +440,7 @@ impl CudaRunner {
             let sgu = if self.streamed {
                 1
             } else if self.persistent || self.step_kernel.is_some() || tc {
-                self.mat_splits(&dl.gateup, sm)
+                self.mat_splits(&dl.gateup, sm, "gemv.gate_up")
             } else {
                 1
             };
@@ -462,7 +453,7 @@ impl CudaRunner {
             );
             plan.push(l);
 
-            let sd = self.mat_splits(&dl.down, sm);
+            let sd = self.mat_splits(&dl.down, sm, "gemv.down");
             let mut p = GemvParams::default();
             act.feed(&mut p);
             let (l, down) = self.gemv(
@@ -477,8 +468,8 @@ impl CudaRunner {
 
             match (&dl.ple_gate, &dl.ple_proj, &dl.ple_post, &spec.ple) {
                 (Some(pg), Some(pp), Some(post), Some(ps)) => {
-                    let sg = self.mat_splits(pg, sm);
-                    let spp = self.mat_splits(pp, sm);
+                    let sg = self.mat_splits(pg, sm, "gemv.ple_gate");
+                    let spp = self.mat_splits(pp, sm, "gemv.ple_proj");
                     // Gate input: the residual after the FFN (no norm of its own).
                     let mut pa = GemvParams {
                         res_in: s.h[cur].ptr(),
