@@ -107,42 +107,18 @@ impl GgmlGemma3 {
                 f.architecture().unwrap_or("?")
             )));
         }
-        let a = "gemma3";
-        let u = |k: &str| -> Result<usize, ModelError> {
-            Ok(f.require_u64(&format!("{a}.{k}"))? as usize)
-        };
-        let hidden = u("embedding_length")?;
-        let n_layers = u("block_count")?;
-        let n_heads = u("attention.head_count")?;
-        let n_kv = u("attention.head_count_kv")?;
-        if n_kv != 1 {
+        let m = crate::load::gguf::gemma3_meta(&f)?;
+        let (hidden, n_layers, n_heads, head_dim, eps) =
+            (m.hidden, m.n_layers, m.n_heads, m.head_dim, m.eps);
+        if m.n_kv != 1 {
             return Err(ModelError::Unsupported(
                 "the ggml-exact forward handles one KV head (Gemma 3 270M and 1B)".into(),
             ));
         }
-        let head_dim = f
-            .get_u64(&format!("{a}.attention.key_length"))
-            .map(|v| v as usize)
-            .unwrap_or(hidden / n_heads);
-        let eps = f.require_f32(&format!("{a}.attention.layer_norm_rms_epsilon"))?;
-        let window = f
-            .get_u64(&format!("{a}.attention.sliding_window"))
-            .map(|v| v as usize)
-            .unwrap_or(usize::MAX);
-        let theta_global = f
-            .get_f32(&format!("{a}.rope.freq_base"))
-            .unwrap_or(1_000_000.0);
-        let theta_local = f
-            .get_f32(&format!("{a}.rope.freq_base_swa"))
-            .unwrap_or(10_000.0);
-        let freq_scale_global = match f.get_str(&format!("{a}.rope.scaling.type")) {
-            Some("linear") => {
-                1.0 / f
-                    .get_f32(&format!("{a}.rope.scaling.factor"))
-                    .unwrap_or(1.0)
-            }
-            _ => 1.0,
-        };
+        let window = m.window.unwrap_or(usize::MAX);
+        // llama.cpp holds these as f32.
+        let (theta_global, theta_local) = (m.theta_global as f32, m.theta_local as f32);
+        let freq_scale_global = 1.0f32 / m.linear as f32;
         let mut layers = Vec::with_capacity(n_layers);
         for i in 0..n_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
@@ -211,7 +187,7 @@ impl GgmlGemma3 {
             }
         }
         let max_context = f
-            .get_u64(&format!("{a}.context_length"))
+            .get_u64("gemma3.context_length")
             .map(|v| v as usize)
             .unwrap_or(8192);
         let info = RunnerInfo {

@@ -60,31 +60,73 @@ fn load_f32(f: &GgufFile, name: &str) -> Result<(Vec<usize>, Vec<f32>), ModelErr
     Ok(tensor_f32(f, name)?)
 }
 
-fn load_gemma3(f: &GgufFile) -> Result<Model, ModelError> {
+/// Gemma 3's hyperparameters from `gemma3.*` metadata (shared with the ggml-exact forward).
+pub(crate) struct Gemma3Meta {
+    pub hidden: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub ff: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    /// `attention.sliding_window`, if the file gives one.
+    pub window: Option<usize>,
+    pub theta_global: f64,
+    /// Sliding layers' RoPE base (`rope.freq_base_swa`, else llama.cpp's 10,000).
+    pub theta_local: f64,
+    /// Linear RoPE scaling factor of the global layers (1 without scaling).
+    pub linear: f64,
+}
+
+pub(crate) fn gemma3_meta(f: &GgufFile) -> Result<Gemma3Meta, ModelError> {
     let a = "gemma3";
     let hidden = req_u(f, &format!("{a}.embedding_length"))?;
-    let n_layers = req_u(f, &format!("{a}.block_count"))?;
     let n_heads = req_u(f, &format!("{a}.attention.head_count"))?;
-    let n_kv = req_u(f, &format!("{a}.attention.head_count_kv"))?;
-    let ff = req_u(f, &format!("{a}.feed_forward_length"))?;
-    let head_dim = f
-        .get_u64(&format!("{a}.attention.key_length"))
-        .map(|v| v as usize)
-        .unwrap_or(hidden / n_heads);
-    let eps = f.require_f32(&format!("{a}.attention.layer_norm_rms_epsilon"))?;
-    let window = f
-        .get_u64(&format!("{a}.attention.sliding_window"))
-        .map(|v| v as usize)
-        .unwrap_or(4096);
-    let theta_global = f
-        .get_f64(&format!("{a}.rope.freq_base"))
-        .unwrap_or(1_000_000.0);
-    let linear = match f.get_str(&format!("{a}.rope.scaling.type")) {
-        Some("linear") => f
-            .get_f64(&format!("{a}.rope.scaling.factor"))
-            .unwrap_or(1.0),
-        _ => 1.0,
-    };
+    Ok(Gemma3Meta {
+        hidden,
+        n_layers: req_u(f, &format!("{a}.block_count"))?,
+        n_heads,
+        n_kv: req_u(f, &format!("{a}.attention.head_count_kv"))?,
+        ff: req_u(f, &format!("{a}.feed_forward_length"))?,
+        head_dim: f
+            .get_u64(&format!("{a}.attention.key_length"))
+            .map(|v| v as usize)
+            .unwrap_or(hidden / n_heads.max(1)),
+        eps: f.require_f32(&format!("{a}.attention.layer_norm_rms_epsilon"))?,
+        window: f
+            .get_u64(&format!("{a}.attention.sliding_window"))
+            .map(|v| v as usize),
+        theta_global: f
+            .get_f64(&format!("{a}.rope.freq_base"))
+            .unwrap_or(1_000_000.0),
+        theta_local: f
+            .get_f64(&format!("{a}.rope.freq_base_swa"))
+            .unwrap_or(10_000.0),
+        linear: match f.get_str(&format!("{a}.rope.scaling.type")) {
+            Some("linear") => f
+                .get_f64(&format!("{a}.rope.scaling.factor"))
+                .unwrap_or(1.0),
+            _ => 1.0,
+        },
+    })
+}
+
+fn load_gemma3(f: &GgufFile) -> Result<Model, ModelError> {
+    let a = "gemma3";
+    let Gemma3Meta {
+        hidden,
+        n_layers,
+        n_heads,
+        n_kv,
+        ff,
+        head_dim,
+        eps,
+        window,
+        theta_global,
+        theta_local,
+        linear,
+    } = gemma3_meta(f)?;
+    let window = window.unwrap_or(4096);
     let ctx = f
         .get_u64(&format!("{a}.context_length"))
         .map(|v| v as usize)
@@ -105,7 +147,7 @@ fn load_gemma3(f: &GgufFile) -> Result<Model, ModelError> {
                 n_kv_heads: n_kv,
                 intermediate: ff,
                 rope: RopeSpec {
-                    theta: if sliding { 10_000.0 } else { theta_global },
+                    theta: if sliding { theta_local } else { theta_global },
                     dim_base: head_dim,
                     rotary_pairs: head_dim / 2,
                     linear_factor: if sliding { 1.0 } else { linear },
