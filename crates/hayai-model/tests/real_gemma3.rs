@@ -28,7 +28,7 @@ fn runner() -> CpuRunner {
     CpuRunner::new(Arc::new(load_model(&p).expect("load model"))).unwrap()
 }
 
-fn greedy(r: &mut CpuRunner, prompt: &[u32], n: usize) -> Vec<u32> {
+fn greedy(r: &mut dyn Runner, prompt: &[u32], n: usize) -> Vec<u32> {
     r.truncate(0);
     let mut next = 0;
     r.forward(prompt, Rows::Last, &mut |_, l| {
@@ -43,65 +43,52 @@ fn greedy(r: &mut CpuRunner, prompt: &[u32], n: usize) -> Vec<u32> {
     got
 }
 
+/// Greedy-decodes each prompt of data/reference/gemma3-270m-greedy.json with `r` (the prompt as
+/// one call, then one token per call, as the reference was made) and returns, per prompt, its
+/// text, llama.cpp's ids and ours.
+fn reference_greedy(r: &mut dyn Runner) -> Vec<(String, Vec<u32>, Vec<u32>)> {
+    let cases: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(data().join("reference/gemma3-270m-greedy.json")).unwrap(),
+    )
+    .unwrap();
+    cases
+        .iter()
+        .map(|c| {
+            let prompt: Vec<u32> = serde_json::from_value(c["prompt_ids"].clone()).unwrap();
+            let want: Vec<u32> = serde_json::from_value(c["greedy_ids"].clone()).unwrap();
+            let got = greedy(r, &prompt, want.len());
+            let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            println!(
+                "{:?}: {agree}/{} leading greedy tokens equal to llama.cpp",
+                c["prompt"],
+                want.len()
+            );
+            (c["prompt"].to_string(), want, got)
+        })
+        .collect()
+}
+
 /// llama.cpp multiplies its K-quant weights with 8-bit-quantized activations; this model's top
 /// two logits are within a few hundredths of each other at some steps of these prompts, where
 /// the two engines may legitimately pick different tokens. The test records how many leading
 /// tokens agree and holds that floor; docs/validation.md gives the margins at the divergences.
 #[test]
 fn greedy_agreement_with_llama_cpp() {
-    let cases: Vec<Value> = serde_json::from_str(
-        &std::fs::read_to_string(data().join("reference/gemma3-270m-greedy.json")).unwrap(),
-    )
-    .unwrap();
-    let mut r = runner();
-    let mut agreements = Vec::new();
-    for c in cases {
-        let prompt: Vec<u32> = serde_json::from_value(c["prompt_ids"].clone()).unwrap();
-        let want: Vec<u32> = serde_json::from_value(c["greedy_ids"].clone()).unwrap();
-        let got = greedy(&mut r, &prompt, want.len());
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        println!(
-            "{:?}: {agree}/{} leading greedy tokens equal to llama.cpp",
-            c["prompt"],
-            want.len()
-        );
-        agreements.push(agree);
-    }
+    let agreements: Vec<usize> = reference_greedy(&mut runner())
+        .iter()
+        .map(|(_, want, got)| got.iter().zip(want).take_while(|(a, b)| a == b).count())
+        .collect();
     // Measured 2026-11-29: 15 and 3 (divergences at near-ties, margins 0.012 and 0.041).
     assert!(agreements[0] >= 15 && agreements[1] >= 3, "{agreements:?}");
 }
 
 /// The ggml-exact forward (llama.cpp's CPU arithmetic reproduced bit for bit) must give every
-/// one of llama.cpp's 48 greedy tokens on both prompts: the prompt as one batch, then one token
-/// per call, as the reference was made.
+/// one of llama.cpp's 48 greedy tokens on both prompts.
 #[test]
 fn ggml_exact_forward_reproduces_llama_cpp_greedy_ids() {
-    let cases: Vec<Value> = serde_json::from_str(
-        &std::fs::read_to_string(data().join("reference/gemma3-270m-greedy.json")).unwrap(),
-    )
-    .unwrap();
     let mut r = hayai_model::ggml::GgmlGemma3::open(&model_path()).expect("open the GGUF");
-    for c in cases {
-        let prompt: Vec<u32> = serde_json::from_value(c["prompt_ids"].clone()).unwrap();
-        let want: Vec<u32> = serde_json::from_value(c["greedy_ids"].clone()).unwrap();
-        r.truncate(0);
-        let mut next = 0;
-        r.forward(&prompt, Rows::Last, &mut |_, l| {
-            next = hayai_model::argmax(l)
-        })
-        .unwrap();
-        let mut got = vec![next];
-        while got.len() < want.len() {
-            next = r.greedy_step(next).unwrap();
-            got.push(next);
-        }
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        println!(
-            "{:?}: {agree}/{} greedy tokens equal to llama.cpp",
-            c["prompt"],
-            want.len()
-        );
-        assert_eq!(got, want, "{:?}", c["prompt"]);
+    for (prompt, want, got) in reference_greedy(&mut r) {
+        assert_eq!(got, want, "{prompt}");
     }
 }
 

@@ -283,22 +283,18 @@ impl GgmlGemma3 {
         y
     }
 
-    /// NEOX RoPE of one head in place (`ggml_rope_cache_init` + `rotate_pairs`): the angle of
-    /// pair `i` is the position times `theta_scale` multiplied in `i` times in f32; GCC fuses the
-    /// `x0` products into FMAs.
-    fn rope(&self, x: &mut [f32], pos: usize, base: f32, freq_scale: f32) {
-        let n_dims = self.head_dim;
-        let half = n_dims / 2;
-        let theta_scale = base.powf(-2.0 / n_dims as f32);
+    /// `ggml_rope_cache_init` for one position: `(cos, sin)` of each pair, the angle being the
+    /// position times `theta_scale` multiplied in once per pair in f32.
+    fn rope_cache(&self, pos: usize, base: f32, freq_scale: f32) -> Vec<(f32, f32)> {
+        let theta_scale = base.powf(-2.0 / self.head_dim as f32);
         let mut theta = pos as f32;
-        for ic in 0..half {
-            let t = freq_scale * theta;
-            let (c, s) = (t.cos(), t.sin());
-            let (x0, x1) = (x[ic], x[ic + half]);
-            x[ic] = x0.mul_add(c, -(x1 * s));
-            x[ic + half] = x0.mul_add(s, x1 * c);
-            theta *= theta_scale;
-        }
+        (0..self.head_dim / 2)
+            .map(|_| {
+                let t = freq_scale * theta;
+                theta *= theta_scale;
+                (t.cos(), t.sin())
+            })
+            .collect()
     }
 
     fn embed(&self, tokens: &[u32]) -> Vec<f32> {
@@ -369,10 +365,11 @@ impl GgmlGemma3 {
                 (self.theta_global, self.freq_scale_global)
             };
             for t in 0..n {
-                for hh in 0..nh {
-                    self.rope(&mut q[t * nh * hd + hh * hd..][..hd], p0 + t, base, fs);
+                let cache = self.rope_cache(p0 + t, base, fs);
+                for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
+                    rotate_pairs(head, &cache);
                 }
-                self.rope(&mut k[t * hd..(t + 1) * hd], p0 + t, base, fs);
+                rotate_pairs(&mut k[t * hd..(t + 1) * hd], &cache);
             }
             rec!(format!("Qcur-{il}"), &q);
             rec!(format!("Kcur-{il}"), &k);
@@ -394,7 +391,6 @@ impl GgmlGemma3 {
                     vt[d * n_kv + j] = vc[j * hd + d];
                 }
             }
-            let zero_row = vec![0u16; hd];
             let window = if l.sliding { self.window } else { usize::MAX };
             // Per head: the raw scores `[t][n_kv]` and the output `[t][hd]`.
             let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..nh)
@@ -410,19 +406,19 @@ impl GgmlGemma3 {
                             .collect();
                         let s = &mut kq[t * n_kv..(t + 1) * n_kv];
                         let mut mask = vec![0f32; n_kv];
-                        for j in 0..n_kv {
-                            let krow = if j < total {
-                                &kc[j * hd..(j + 1) * hd]
-                            } else {
-                                &zero_row[..]
-                            };
+                        // Empty cells (j >= total) hold zero keys: their score is +0 in either
+                        // order, and they are masked.
+                        for j in 0..total {
+                            let krow = &kc[j * hd..(j + 1) * hd];
                             s[j] = if n >= 2 {
                                 attn::dot_f16_tinyblas(krow, &q16)
                             } else {
                                 attn::dot_f16_vec(krow, &q16)
                             };
+                        }
+                        for (j, m) in mask.iter_mut().enumerate() {
                             if j > pos || pos - j >= window {
-                                mask[j] = f32::NEG_INFINITY;
+                                *m = f32::NEG_INFINITY;
                             }
                         }
                         let mut p = s.to_vec();
@@ -499,6 +495,16 @@ impl GgmlGemma3 {
         let mut t = Trace::new();
         let logits = self.run(tokens, rows, Some(&mut t))?;
         Ok((logits, t))
+    }
+}
+
+/// NEOX `rotate_pairs`: pairs `(i, i + hd/2)`; GCC fuses the `x0` products into FMAs.
+fn rotate_pairs(x: &mut [f32], cache: &[(f32, f32)]) {
+    let half = x.len() / 2;
+    for (i, &(c, s)) in cache.iter().enumerate() {
+        let (x0, x1) = (x[i], x[i + half]);
+        x[i] = x0.mul_add(c, -(x1 * s));
+        x[i + half] = x0.mul_add(s, x1 * c);
     }
 }
 
