@@ -36,7 +36,7 @@
 #         .gpu/hayai.gz; ~2 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
 #         .gpu/gpu_check_tl, or the builds in TL_BINS; scripts/stream_timeline.py prints the
-#         critical path; ~1 min each);
+#         critical path, and with several builds each one's tables against the first's; ~1 min each);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
@@ -253,6 +253,12 @@ run() {
       HAYAI_STREAM_TIMELINE="$out/tl$n.bin" timeout "${TL_TIMEOUT:-120}" "$tb" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
       python3 scripts/stream_timeline.py "$out/tl$n.bin" 2>&1 | tee -a "$out/session.log"
       n=$((n + 1))
+    done
+    # Several builds: each one's main tables against the first's.
+    local i
+    for ((i = 1; i < n; i++)); do
+      echo "-- timeline $i against timeline 0" | tee -a "$out/session.log"
+      python3 scripts/stream_timeline.py --compare "$out/tl0.bin" "$out/tl$i.bin" 2>&1 | tee -a "$out/session.log"
     done
   fi
   if has pending-ab; then

@@ -7,6 +7,7 @@ FILE.json: their layout). Example, on the GPU machine:
 
     HAYAI_STREAM_TIMELINE=$OUT/tl.bin .gpu/gpu_check_tl bench-stream
     python3 scripts/stream_timeline.py $OUT/tl.bin
+    python3 scripts/stream_timeline.py --compare $OUT/tl0.bin $OUT/tl1.bin   # two builds' tables
 
 Per operation (summed over layers by label) the step's critical path is split at the SM that
 published last: the link (the previous operation's last publication to that SM's start), its
@@ -16,6 +17,8 @@ Then every SM's GEMV cells and store phases (µs), and the links from every SM's
 SMs were ready and began waiting after the previous operation's last publication, and how long
 each took from its own publication to its next wait.
 """
+import contextlib
+import io
 import json
 import struct
 import sys
@@ -29,9 +32,69 @@ def pct_us(v, f):
 
 
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        compare(sys.argv[2], sys.argv[3])
+        return
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    path = sys.argv[1]
+    report(sys.argv[1])
+
+
+# The tables `compare` sets side by side: title -> (first column, numeric columns).
+COMPARED = OrderedDict([
+    ("operation", ["span", "link", "first", "prolog", "work", "ring", "skew"]),
+    ("GEMV (last SM)", ["inputs", "resid", "norm", "quant", "cells", "store"]),
+    ("GEMV residual (last SM)", ["landed", "sum", "add"]),
+    ("GEMV (every SM, us)", ["cells p50", "p90", "store p50", "p90"]),
+])
+
+
+def tables(text):
+    """The COMPARED tables of a report: title -> label -> values, and the step's ms."""
+    out, title, step = OrderedDict(), None, None
+    for line in text.splitlines():
+        if line.startswith("step (SM views):"):
+            step = float(line.split()[3])
+            continue
+        head = next((t for t in COMPARED if line.startswith(t)), None)
+        if head is not None and line[len(head):].split()[:1] in (["n"], ["n", "inputs"]):
+            title = head
+            out[title] = OrderedDict()
+            continue
+        parts = line.split()
+        if title is None or len(parts) < 2 + len(COMPARED[title]) or not parts[1].isdigit():
+            title = None
+            continue
+        try:
+            out[title][parts[0]] = [float(x) for x in parts[2:2 + len(COMPARED[title])]]
+        except ValueError:
+            title = None
+    return out, step
+
+
+def compare(path_a, path_b):
+    """Two timelines' main tables side by side: B's value and B - A, by operation."""
+    runs = []
+    for path in (path_a, path_b):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            report(path)
+        runs.append(tables(buf.getvalue()))
+    (ta, sa), (tb, sb) = runs
+    print(f"step (SM views): A {sa:.3f} ms ({path_a}), B {sb:.3f} ms ({path_b}); each value: B (B - A)")
+    for title, cols in COMPARED.items():
+        if title not in ta or title not in tb:
+            continue
+        print(f"{title:<28}" + "".join(f"{c:>17}" for c in cols))
+        for label, vb in tb[title].items():
+            va = ta[title].get(label)
+            if va is None:
+                continue
+            print(f"{label:<28}" + "".join(f"{b:9.3f} ({b - a:+.3f})" for a, b in zip(va, vb)))
+
+
+def report(path):
+    """The report of one timeline dump (stdout)."""
     meta = json.load(open(path + ".json"))
     raw = open(path, "rb").read()
     w = struct.unpack("<%dQ" % (len(raw) // 8), raw)
