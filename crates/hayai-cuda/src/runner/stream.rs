@@ -653,7 +653,7 @@ fn stream_records_with(
     match ple {
         PleRecs::Apart => {
             if glu_store {
-                glu_stored = geglu_at_store(&mut recs, plans);
+                glu_stored = geglu_at_store(&mut recs);
             }
         }
         PleRecs::Fused(acc) => recs = fuse_ple_records(recs, plans, acc)?,
@@ -691,7 +691,7 @@ fn glu_store_wanted() -> bool {
 /// values (the reader applied the same function to the same sums); down's prologue reads half
 /// the bytes and computes no GELU, gate/up computes each product once instead of on every SM
 /// that reads it. Returns whether any record changed.
-fn geglu_at_store(recs: &mut [Rec], plans: &[OpPlan]) -> bool {
+fn geglu_at_store(recs: &mut [Rec]) -> bool {
     let mut any = false;
     for i in 0..recs.len() {
         if recs[i].kind != 0 {
@@ -702,9 +702,8 @@ fn geglu_at_store(recs: &mut [Rec], plans: &[OpPlan]) -> bool {
         };
         let (g, d): (GemvParams, GemvParams) =
             (read_param(&recs[i].words, 0), read_param(&recs[j].words, 0));
-        let whole = plans
-            .get(recs[i].ordinal as usize)
-            .is_some_and(|p| p.splits == 1 && g.splits == 1);
+        // (stream_records has checked every record's splits against its stream's.)
+        let whole = g.splits == 1;
         // Nothing but its reader may take the rows: no other GEMV reads the buffer before the
         // next one that writes it.
         let others = recs[j + 1..]
@@ -1021,16 +1020,20 @@ mod tests {
         }
     }
 
+    /// A GEMV's parameters as an operation's u64 words.
+    fn gemv_words(p: &GemvParams) -> Vec<u64> {
+        let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
+        write_param(&mut w, 0, p);
+        w
+    }
+
     fn gemv(rows: i32, cols: i32, splits: i32) -> Vec<u64> {
-        let p = GemvParams {
+        gemv_words(&GemvParams {
             rows,
             cols,
             splits,
             ..Default::default()
-        };
-        let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
-        write_param(&mut w, 0, &p);
-        w
+        })
     }
 
     /// Record i's parameters (after its kind and ordinal) as u64 words.
@@ -1062,11 +1065,7 @@ mod tests {
     /// splits, or where another GEMV also reads gate/up's rows.
     #[test]
     fn geglu_moves_into_gate_up_store_only_for_its_one_reader() {
-        let w = |p: &GemvParams| {
-            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
-            write_param(&mut w, 0, p);
-            w
-        };
+        let w = gemv_words;
         let gu = |splits| GemvParams {
             rows: 512,
             cols: 256,
@@ -1349,9 +1348,7 @@ mod tests {
                 in_splits: 2,
                 ..Default::default()
             };
-            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
-            write_param(&mut w, 0, &p);
-            w
+            gemv_words(&p)
         };
         let (hid, pd) = (256usize, 32usize);
         let qkv = gemv_p(64, hid as i32, 1, 0x900, 0xA00, 0);
@@ -1468,11 +1465,7 @@ mod tests {
             in_splits: 1,
             ..Default::default()
         };
-        let w = |p: &GemvParams| {
-            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
-            write_param(&mut w, 0, p);
-            w
-        };
+        let w = gemv_words;
         let layer = |l: u64| {
             let gu = GemvParams {
                 in_glu: 0,
