@@ -37,9 +37,6 @@
 #define SS_NW 11                        // consumer warps
 #endif
 #define SS_THREADS ((SS_NW + 1) * 32)   // + the producer warp
-#ifndef SS_GLU_STORE
-#define SS_GLU_STORE 0                  // GeGLU at gate/up's store (ss_gemv; a measurement build)
-#endif
 #define SS_CELL_BYTES 1056
 #define SS_CELL_U4 (SS_CELL_BYTES / 16)
 #define SS_CH 16                        // cells per ring chunk
@@ -349,15 +346,6 @@ struct SsShared {
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
 };
 
-// Row `row` of a pass's unit ti: its kw warps' sums (ss_gemv's `red`) added in slice order.
-__device__ __forceinline__ float ss_row_sum(const SsShared& sm, int pc, int ti, int kw, int row) {
-    float sum = 0.f;
-#pragma unroll
-    for (int s = 0; s < SS_NW; s++)
-        if (s < kw) sum += sm.red[pc & 1][ti * kw + s][row];
-    return sum;
-}
-
 // Where a lane reads input group grp's B entries for ss_cell (in ss_gemv: xf, sm, lane): the mma
 // takes x from lanes 0-3 (B's column 0) and zeros elsewhere; the dp4a cell (SS_CELL_DP4A) every
 // lane's quad's words.
@@ -657,33 +645,21 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             (p + 1) * SS_NW >= nt)
             *hold = 1;
         // The np units' rows: the kw warps' sums added in slice order, into partial vector `slice`.
-        // SS_GLU_STORE (a measurement build, -DSS_GLU_STORE=1; off) and glu (gate/up whole along
-        // K, runner/stream.rs geglu_at_store): rows 2c and 2c + 1 are output c's gate and up;
-        // gelu(gate) * up stored at c, the product its reader took (the same values). +0.3-0.6%
-        // against the same kernels with GeGLU in down's prologue; that build was 568.8-569.9 tok/s
-        // where the default ran 574-575 in other calls (docs/performance.md, thirty-third session).
-        if (SS_GLU_STORE && g.glu) {
-            for (int i = tid; i < q.np * 8; i += SS_NW * 32) {
-                const int ti = i >> 3, c = i & 7;
-                const float sg = ss_row_sum(sm, pc, ti, q.kw, 2 * c), su = ss_row_sum(sm, pc, ti, q.kw, 2 * c + 1);
-                int slice, tile;
-                ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
-                g.out[tile * 8 + c] = gelu_tanh(sg) * su;
-            }
-        } else {
-            for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
-                const int ti = i >> 4, row = i & 15;
-                const float sum = ss_row_sum(sm, pc, ti, q.kw, row);
+        for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
+            const int ti = i >> 4, row = i & 15;
+            float sum = 0.f;
+#pragma unroll
+            for (int s = 0; s < SS_NW; s++)
+                if (s < q.kw) sum += sm.red[pc & 1][ti * q.kw + s][row];
 #if SS_PLE_FUSED
-                if (keep) {
-                    keep[(p * SS_NW + ti) * 16 + row] = sum;
-                    continue;
-                }
-#endif
-                int slice, tile;
-                ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
-                g.out[(size_t)slice * g.rows + tile * 16 + row] = sum;
+            if (keep) {
+                keep[(p * SS_NW + ti) * 16 + row] = sum;
+                continue;
             }
+#endif
+            int slice, tile;
+            ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
+            g.out[(size_t)slice * g.rows + tile * 16 + row] = sum;
         }
 #if SS_PLE_SPLIT
         // Down: the rows times the post-feed-forward norm's weight, for the gate's columns
@@ -693,7 +669,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             float* bsh = xs;
             for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
                 const int ti = i >> 4, row = i & 15;
-                const float sum = ss_row_sum(sm, pc, ti, q.kw, row);
+                float sum = 0.f;
+#pragma unroll
+                for (int s = 0; s < SS_NW; s++)
+                    if (s < q.kw) sum += sm.red[pc & 1][ti * q.kw + s][row];
                 int slice, tile;
                 ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
                 bsh[(p * SS_NW + ti) * 16 + row] = sum * __ldg(sp->wf + tile * 16 + row);

@@ -79,7 +79,7 @@ impl CudaRunner {
     pub(super) fn stream_launch(&mut self) -> Result<Launch, CudaError> {
         let cfg = self.step_kernel.as_ref().expect("stream config");
         let (kernel, grid, smem, x_floats) = (cfg.kernel, cfg.grid, cfg.smem, cfg.x_floats);
-        for (var, define, what) in [PLE_FUSED, PLE_SPLIT, GLU_STORE] {
+        for (var, define, what) in [PLE_FUSED, PLE_SPLIT] {
             if std::env::var(var).as_deref() == Ok("1") && !built_with(define) {
                 return Err(CudaError::Unsupported(format!(
                     "{var}=1: these kernels have no {what} (a measurement build: \
@@ -166,7 +166,6 @@ impl CudaRunner {
             n_gemv,
             pos,
             names,
-            glu_stored,
         } = stream_records(&ops, &st.labels, &streams.ops, ple_recs)?;
         let n = names.len();
         let meta = timeline_meta(&names, streams, grid);
@@ -227,7 +226,6 @@ impl CudaRunner {
             params: p,
             launch: l.clone(),
             ple: form,
-            glu_stored,
         });
         self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
         self.step_bufs.extend(accs.map(|(b, _)| b));
@@ -271,13 +269,13 @@ impl CudaRunner {
                 );
                 l.run(&self.gpu)?;
                 self.gpu.sync()?;
-                out.push((op.label, self.op_output(op, Some(d.glu_stored))?));
+                out.push((op.label, self.op_output(op, true)?));
             }
         } else if self.step_kernel.is_none() {
             for l in &self.plan {
                 l.run(&self.gpu)?;
                 self.gpu.sync()?;
-                out.push((l.label, self.op_output(l, None)?));
+                out.push((l.label, self.op_output(l, false)?));
             }
         } else {
             return Err(CudaError::Unsupported(
@@ -289,10 +287,9 @@ impl CudaRunner {
         Ok(out)
     }
 
-    /// The vector a recorded launch leaves for its consumers (see `op_outputs`); `streamed`:
-    /// a GEMV's output as the streamed step leaves it, `[splits][rows]`, gate/up's GeGLU applied
-    /// by its store if `Some(true)` (`geglu_at_store`), else not.
-    fn op_output(&self, l: &Launch, streamed: Option<bool>) -> Result<Vec<f32>, CudaError> {
+    /// The vector a recorded launch leaves for its consumers (see `op_outputs`); `partials`:
+    /// a GEMV's output as the step kernels leave it, `[splits][rows]`, GeGLU not applied.
+    fn op_output(&self, l: &Launch, partials: bool) -> Result<Vec<f32>, CudaError> {
         let read = |ptr: u64, n: usize| -> Result<Vec<f32>, CudaError> {
             let mut v = vec![0f32; n];
             self.gpu.read(ptr, &mut v)?;
@@ -302,9 +299,7 @@ impl CudaRunner {
         if k.starts_with("gemv") {
             let g: GemvParams = read_param(&l.params, 0);
             let rows = g.rows as usize;
-            if streamed == Some(true) && l.label == "gemv.gate_up" && g.splits == 1 {
-                read(g.out, rows / 2)
-            } else if streamed.is_some() {
+            if partials {
                 let all = read(g.out, rows * g.splits as usize)?;
                 let mut v = all[..rows].to_vec();
                 for s in 1..g.splits as usize {
@@ -418,8 +413,6 @@ pub(crate) struct StreamDebug {
     /// How the PLE gates and projections run (unless `Apart`, the records are not the plan's
     /// one to one).
     ple: PleForm,
-    /// gate/up's records store GeGLU products (`geglu_at_store`).
-    glu_stored: bool,
 }
 
 /// The fused PLE operation's and the split PLE gate's switches: the variable that turns them
@@ -433,11 +426,6 @@ const PLE_SPLIT: (&str, &str, &str) = (
     "HAYAI_STREAM_PLE_SPLIT",
     "-DSS_PLE_SPLIT=1",
     "split PLE gate",
-);
-const GLU_STORE: (&str, &str, &str) = (
-    "HAYAI_STREAM_GLU_STORE",
-    "-DSS_GLU_STORE=1",
-    "GeGLU at gate/up's store",
 );
 
 /// Whether the streamed step runs each per-layer-embedding gate and projection as one operation
@@ -554,18 +542,6 @@ fn stream_records(
     plans: &[OpPlan],
     ple: PleRecs,
 ) -> Result<StreamRecords, CudaError> {
-    stream_records_with(ops, labels, plans, ple, glu_store_wanted())
-}
-
-/// `stream_records` with gate/up's GeGLU at its store (`geglu_at_store`) where `glu_store` and
-/// the PLE operations run apart.
-fn stream_records_with(
-    ops: &[(&'static str, &'static str, &[u64])],
-    labels: &[&str],
-    plans: &[OpPlan],
-    ple: PleRecs,
-    glu_store: bool,
-) -> Result<StreamRecords, CudaError> {
     let err = |m: String| CudaError::Unsupported(format!("streamed step: {m}"));
     if ops.len() < 2 {
         return Err(err("fewer than two operations".into()));
@@ -649,13 +625,8 @@ fn stream_records_with(
             plans.len()
         )));
     }
-    let mut glu_stored = false;
     match ple {
-        PleRecs::Apart => {
-            if glu_store {
-                glu_stored = geglu_at_store(&mut recs);
-            }
-        }
+        PleRecs::Apart => {}
         PleRecs::Fused(acc) => recs = fuse_ple_records(recs, plans, acc)?,
         PleRecs::Split(b) => recs = split_ple_records(recs, plans, &b)?,
     }
@@ -672,65 +643,7 @@ fn stream_records_with(
         n_gemv: gi,
         pos: pos.unwrap_or(0),
         names: recs.iter().map(|r| (r.kernel, r.label)).collect(),
-        glu_stored,
     })
-}
-
-/// Whether gate/up applies GeGLU at its store (`geglu_at_store`): only in a measurement build
-/// whose kernels have it (`HAYAI_CUDA_DEFINES=-DSS_GLU_STORE=1`; docs/performance.md,
-/// thirty-third session: +0.3-0.6% against the same binary without it, not yet measured against
-/// the default kernels in one call), unless `HAYAI_STREAM_GLU_STORE=0`.
-fn glu_store_wanted() -> bool {
-    built_with(GLU_STORE.1) && std::env::var(GLU_STORE.0).as_deref() != Ok("0")
-}
-
-/// GeGLU applied where gate/up stores its rows instead of by every reader (kernels/stream_step.cu
-/// ss_gemv, `glu`): wherever a GEMV whole along K (its stream's one split) with tiles of whole
-/// (gate, up) pairs is read only by the next GEMV as GeGLU input of one split, that GEMV stores
-/// gelu(gate) * up ([rows / 2]) and its reader takes the products as a plain vector. The same
-/// values (the reader applied the same function to the same sums); down's prologue reads half
-/// the bytes and computes no GELU, gate/up computes each product once instead of on every SM
-/// that reads it. Returns whether any record changed.
-fn geglu_at_store(recs: &mut [Rec]) -> bool {
-    let mut any = false;
-    for i in 0..recs.len() {
-        if recs[i].kind != 0 {
-            continue;
-        }
-        let Some(j) = (i + 1..recs.len()).find(|&j| recs[j].kind == 0) else {
-            continue;
-        };
-        let (g, d): (GemvParams, GemvParams) =
-            (read_param(&recs[i].words, 0), read_param(&recs[j].words, 0));
-        // (stream_records has checked every record's splits against its stream's.)
-        let whole = g.splits == 1;
-        // Nothing but its reader may take the rows: no other GEMV reads the buffer before the
-        // next one that writes it.
-        let others = recs[j + 1..]
-            .iter()
-            .filter(|r| r.kind == 0)
-            .map(|r| read_param::<GemvParams>(&r.words, 0))
-            .take_while(|r| r.out != g.out)
-            .any(|r| r.input == g.out);
-        if !whole
-            || others
-            || g.rows % 16 != 0
-            || d.input != g.out
-            || d.in_glu == 0
-            || d.in_splits != 1
-            || d.cols * 2 != g.rows
-        {
-            continue;
-        }
-        let (mut g, mut d) = (g, d);
-        g.glu = 1;
-        d.in_glu = 0;
-        d.in_ld = d.cols;
-        write_param(&mut recs[i].words, 0, &g);
-        write_param(&mut recs[j].words, 0, &d);
-        any = true;
-    }
-    any
 }
 
 /// One operation record before it is written out.
@@ -998,8 +911,6 @@ struct StreamRecords {
     n_gemv: usize,
     pos: u64,
     names: Vec<(&'static str, &'static str)>,
-    /// Whether gate/up stores its GeGLU products (`geglu_at_store`).
-    glu_stored: bool,
 }
 
 #[cfg(test)]
@@ -1020,20 +931,16 @@ mod tests {
         }
     }
 
-    /// A GEMV's parameters as an operation's u64 words.
-    fn gemv_words(p: &GemvParams) -> Vec<u64> {
-        let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
-        write_param(&mut w, 0, p);
-        w
-    }
-
     fn gemv(rows: i32, cols: i32, splits: i32) -> Vec<u64> {
-        gemv_words(&GemvParams {
+        let p = GemvParams {
             rows,
             cols,
             splits,
             ..Default::default()
-        })
+        };
+        let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
+        write_param(&mut w, 0, &p);
+        w
     }
 
     /// Record i's parameters (after its kind and ordinal) as u64 words.
@@ -1058,103 +965,6 @@ mod tests {
             splits,
             sms: Vec::new(),
         }
-    }
-
-    /// Two layers' gate/up (whole along K) and down: gate/up stores its GeGLU products and down
-    /// reads them as a plain vector; not where gate/up is split along K, where down reads two
-    /// splits, or where another GEMV also reads gate/up's rows.
-    #[test]
-    fn geglu_moves_into_gate_up_store_only_for_its_one_reader() {
-        let w = gemv_words;
-        let gu = |splits| GemvParams {
-            rows: 512,
-            cols: 256,
-            splits,
-            input: 0x100,
-            out: 0x200,
-            in_splits: 1,
-            ..Default::default()
-        };
-        let dn = |in_splits| GemvParams {
-            rows: 256,
-            cols: 256,
-            splits: 2,
-            input: 0x200,
-            out: 0x300,
-            in_splits,
-            in_ld: 512,
-            in_glu: 1,
-            ..Default::default()
-        };
-        let other = GemvParams {
-            rows: 256,
-            cols: 512,
-            splits: 1,
-            input: 0x200,
-            out: 0x400,
-            in_splits: 1,
-            ..Default::default()
-        };
-        let labels = ["gemv.gate_up", "gemv.down", "gemv.gate_up", "gemv.down"];
-        let plans = [
-            plan(512, 2, 1),
-            plan(256, 2, 2),
-            plan(512, 2, 1),
-            plan(256, 2, 2),
-        ];
-        let at = |f: usize| 8 + f;
-        let run = |ws: &[Vec<u64>], labels: &[&'static str], plans: &[OpPlan]| {
-            let ops: Vec<(&'static str, &'static str, &[u64])> = ws
-                .iter()
-                .zip(labels)
-                .map(|(w, l)| ("gemv", *l, &w[..]))
-                .collect();
-            stream_records_with(&ops, labels, plans, PleRecs::Apart, true).unwrap()
-        };
-        let ws = [w(&gu(1)), w(&dn(1)), w(&gu(1)), w(&dn(1))];
-        let r = run(&ws, &labels, &plans);
-        assert!(r.glu_stored);
-        for l in 0..2 {
-            assert_eq!(
-                record_i32(&r, 2 * l, at(std::mem::offset_of!(GemvParams, glu))),
-                1
-            );
-            let d = 2 * l + 1;
-            assert_eq!(
-                record_i32(&r, d, at(std::mem::offset_of!(GemvParams, in_glu))),
-                0
-            );
-            assert_eq!(
-                record_i32(&r, d, at(std::mem::offset_of!(GemvParams, in_ld))),
-                256
-            );
-            assert_eq!(
-                record_i32(&r, d, at(std::mem::offset_of!(GemvParams, in_splits))),
-                1
-            );
-        }
-        // Split along K, down reading two partials, a second reader: unchanged.
-        let split_plans = [
-            plan(512, 2, 2),
-            plan(256, 2, 2),
-            plan(512, 2, 2),
-            plan(256, 2, 2),
-        ];
-        let ws2 = [w(&gu(2)), w(&dn(2)), w(&gu(2)), w(&dn(2))];
-        assert!(!run(&ws2, &labels, &split_plans).glu_stored);
-        let ws3 = [w(&gu(1)), w(&dn(2)), w(&gu(1)), w(&dn(2))];
-        assert!(!run(&ws3, &labels, &plans).glu_stored);
-        let ws4 = [w(&gu(1)), w(&dn(1)), w(&other)];
-        let r4 = run(
-            &ws4,
-            &["gemv.gate_up", "gemv.down", "gemv.x"],
-            &[plan(512, 2, 1), plan(256, 2, 2), plan(256, 4, 1)],
-        );
-        assert!(!r4.glu_stored);
-        assert_eq!(
-            record_i32(&r4, 1, at(std::mem::offset_of!(GemvParams, in_glu))),
-            1
-        );
     }
 
     #[test]
@@ -1253,7 +1063,6 @@ mod tests {
             n_gemv: n,
             pos,
             names,
-            ..
         } = stream_records(&ops, &labels, &plans, PleRecs::Apart).unwrap();
         assert_eq!(names.len(), 4);
         assert_eq!(names[1], ("attn_split", "attention"));
@@ -1348,7 +1157,9 @@ mod tests {
                 in_splits: 2,
                 ..Default::default()
             };
-            gemv_words(&p)
+            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
+            write_param(&mut w, 0, &p);
+            w
         };
         let (hid, pd) = (256usize, 32usize);
         let qkv = gemv_p(64, hid as i32, 1, 0x900, 0xA00, 0);
@@ -1465,7 +1276,11 @@ mod tests {
             in_splits: 1,
             ..Default::default()
         };
-        let w = gemv_words;
+        let w = |p: &GemvParams| {
+            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
+            write_param(&mut w, 0, p);
+            w
+        };
         let layer = |l: u64| {
             let gu = GemvParams {
                 in_glu: 0,
