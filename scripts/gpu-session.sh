@@ -2,7 +2,8 @@
 # Everything a GPU session checks and measures, in two halves: `prepare` here (no GPU: builds the
 # binaries and splits the real model into parts small enough to carry), `run` there.
 #
-# Here:   scripts/gpu-session.sh prepare
+# Here:   scripts/gpu-session.sh prepare   (or `measure`: only the check binaries a kernel
+#         measurement carries, with MEASURE's builds; see measure())
 #   -> .gpu/hayai, .gpu/gpu-tests, .gpu/tok-gemma3.gguf (needs it already: scripts/extract-tokenizer-gguf.py),
 #      target/release/examples/gpu_check, .m0/part .. .m4/part (the real 270M GGUF in 51 MB parts).
 # There:  carry .m0 .. .m3 one per call (each call must come within the machine's idle window so
@@ -49,21 +50,11 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-prepare() {
-  set -e
-  scripts/setup-cuda.sh
-  # Two builds: `--example` with several packages builds only their examples, not the binary.
-  cargo build --release -p hayai
-  cargo build --release -p hayai-cuda --example gpu_check
-  # The checks again with only compute_80 PTX embedded: on the H200 every kernel then takes its
-  # sm_80-89 code path (the A10G's); a target directory of its own keeps the two builds apart.
-  CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
-  # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
-  CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  # Measurement builds, one after another in one target directory (only the kernels rebuild),
-  # each kept as .gpz/gpu_check_NAME.gz (`run` unpacks it to .gpu/gpu_check_NAME): MEASURE lists
-  # them as NAME=DEFINES, ';' between (e.g. MEASURE="laneacc=-DSS_LANE_ACC=1"); parity with `run
-  # vparity`, speed with `run rotate`.
+# Measurement builds, one after another in one target directory (only the kernels rebuild),
+# each kept as .gpz/gpu_check_NAME.gz (`run` unpacks it to .gpu/gpu_check_NAME): MEASURE lists
+# them as NAME=DEFINES, ';' between (e.g. MEASURE="laneacc=-DSS_LANE_ACC=1"); parity with `run
+# vparity`, speed with `run rotate`.
+measure_builds() {
   mkdir -p .gpz
   local v builds
   IFS=';' read -ra builds <<< "${MEASURE:-}"
@@ -75,6 +66,41 @@ prepare() {
     strip "/tmp/gpu_check_${v%%=*}" 2>/dev/null || true
     gzip -6 -c "/tmp/gpu_check_${v%%=*}" > ".gpz/gpu_check_${v%%=*}.gz"
   done
+}
+
+# Only what a kernel measurement carries (the whole of `prepare` also builds the CLI, the GPU
+# tests, the PTX-only checks and the model's parts): the default gpu_check (.gpz/gpu_check.gz),
+# its SS_TIMELINE build (.gpz/gpu_check_tl.gz; not with TL=0) and the MEASURE builds. Other
+# .gpz/*.gz left from earlier sessions are listed: `run` unpacks whatever is there, so remove
+# what the call does not need (each is ~4 MB of the 64-MiB carry).
+measure() {
+  set -e
+  scripts/setup-cuda.sh
+  mkdir -p .gpz
+  cargo build --release -p hayai-cuda --example gpu_check
+  strip -o /tmp/gpu_check target/release/examples/gpu_check
+  gzip -6 -c /tmp/gpu_check > .gpz/gpu_check.gz
+  if [ "${TL:-1}" != 0 ]; then
+    CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
+    strip -o /tmp/gpu_check_tl target/tl/release/examples/gpu_check
+    gzip -6 -c /tmp/gpu_check_tl > .gpz/gpu_check_tl.gz
+  fi
+  measure_builds
+  ls -la .gpz
+}
+
+prepare() {
+  set -e
+  scripts/setup-cuda.sh
+  # Two builds: `--example` with several packages builds only their examples, not the binary.
+  cargo build --release -p hayai
+  cargo build --release -p hayai-cuda --example gpu_check
+  # The checks again with only compute_80 PTX embedded: on the H200 every kernel then takes its
+  # sm_80-89 code path (the A10G's); a target directory of its own keeps the two builds apart.
+  CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
+  # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
+  CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
+  measure_builds
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
@@ -316,6 +342,7 @@ run() {
 
 case "${1:-}" in
   prepare) prepare ;;
+  measure) measure ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | run [pending] [pending-stream] [stream-parity] [vparity] [rotate] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | measure | run [pending] [pending-stream] [stream-parity] [vparity] [rotate] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
 esac
