@@ -45,7 +45,12 @@
 #ifndef SS_PFD
 #define SS_PFD 8                        // sm_90: chunks pulled into L2 ahead while the ring is full (0-16 measured: 8)
 #endif
-#define SS_PSLEEP 300                   // sm_90: ns the idle producer sleeps on its oldest copy
+// sm_90: at most this many ns the idle producer waits on its oldest copy (a slot freed meanwhile
+// waits for it). 100 and 30 measured the same as 300 (573.3-574.3, 572.5-575.5 against
+// 572.7-574.3 tok/s in one call; docs/performance.md, thirty-fourth session).
+#ifndef SS_PSLEEP
+#define SS_PSLEEP 300
+#endif
 // SS_PRE_CST (default 1; -DSS_PRE_CST=0 builds without): a GEMV's residual and norm weights are
 // copied into shared memory before the wait for its input (the launch plan's `cst`), and its
 // residual input is loaded with the input partials instead of after them (measured A/B/A:
