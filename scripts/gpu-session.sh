@@ -35,8 +35,8 @@
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
 #         .gpu/hayai.gz; ~2 min);
-#         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carry
-#         .gpu/gpu_check_tl, or the builds in TL_BINS; scripts/stream_timeline.py prints the
+#         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carried
+#         as .gpz/gpu_check_tl.gz, or the builds in TL_BINS; scripts/stream_timeline.py prints the
 #         critical path, and with several builds each one's tables against the first's; ~1 min each);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
@@ -91,30 +91,24 @@ measure() {
 
 prepare() {
   set -e
-  scripts/setup-cuda.sh
+  # The check binary, its timeline build and MEASURE's builds (.gpz), as `measure` makes them.
+  TL=1 measure
   # Two builds: `--example` with several packages builds only their examples, not the binary.
   cargo build --release -p hayai
-  cargo build --release -p hayai-cuda --example gpu_check
   # The checks again with only compute_80 PTX embedded: on the H200 every kernel then takes its
   # sm_80-89 code path (the A10G's); a target directory of its own keeps the two builds apart.
   CARGO_TARGET_DIR=target/ptx HAYAI_CUDA_PTX_ONLY=1 cargo build --release -p hayai-cuda --example gpu_check
-  # The streamed step recording every SM's operations and ring chunks (SS_TIMELINE): stage timeline.
-  CARGO_TARGET_DIR=target/tl HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1 cargo build --release -p hayai-cuda --example gpu_check
-  measure_builds
   local t
   t=$(cargo test --release -p hayai-cuda --test gpu --no-run 2>&1 | grep -o "target/release/deps/gpu-[a-f0-9]*" | head -1)
   mkdir -p .gpu
   cp "$t" .gpu/gpu-tests
   cp target/release/hayai .gpu/hayai
   cp target/ptx/release/examples/gpu_check .gpu/gpu_check_ptx
-  cp target/tl/release/examples/gpu_check .gpu/gpu_check_tl
-  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx .gpu/gpu_check_tl target/release/examples/gpu_check 2>/dev/null || true
+  strip .gpu/hayai .gpu/gpu-tests .gpu/gpu_check_ptx target/release/examples/gpu_check 2>/dev/null || true
   # Compressed copies: the last model part fits beside the binaries in one carry only so, and the
   # check binaries (~12 MB each) travel as .gpz/*.gz (carry .gpz; `run` unpacks them).
   gzip -9 -k -f .gpu/hayai .gpu/gpu-tests
-  gzip -6 -c target/release/examples/gpu_check > .gpz/gpu_check.gz
-  local b
-  for b in ptx tl; do gzip -6 -c ".gpu/gpu_check_$b" > ".gpz/gpu_check_$b.gz"; done
+  gzip -6 -c .gpu/gpu_check_ptx > .gpz/gpu_check_ptx.gz
   [ -f .gpu/tok-gemma3.gguf ] || echo "note: .gpu/tok-gemma3.gguf missing (scripts/extract-tokenizer-gguf.py)"
   local model
   model=$(target/release/hayai fetch-model | tail -1)
@@ -268,10 +262,10 @@ run() {
   fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
-    # Carry .gpu/gpu_check_tl.
+    # Carry .gpz (gpu_check_tl.gz, from `prepare` or `measure`).
     stage "streamed step timeline (SS_TIMELINE=1)"
     # TL_BINS: the timeline builds to run (default .gpu/gpu_check_tl; e.g. a measurement build's
-    # made with -DSS_TIMELINE=1 by `MEASURE=... prepare`, .gpu/gpu_check_NAME); TL_TIMEOUT: the
+    # made with -DSS_TIMELINE=1 by `MEASURE=... prepare` or `measure`, .gpu/gpu_check_NAME); TL_TIMEOUT: the
     # limit per build in s (120; a compute_80 PTX-only build compiles at its first load first).
     local tb n=0
     for tb in ${TL_BINS:-.gpu/gpu_check_tl}; do
