@@ -3,7 +3,7 @@
 //! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [kw] [ad] [hd] [e4b-parity] [prefill] [prefill-e4b]
 //!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
 //!        [bench-a8] [bench-pf] [bench-pfa] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
-//!        [bench-bf16-tiled]
+//!        [bench-bf16-tiled] [stream] [stream-bf16] [bench-stream] [bench-stream-bf16] ...
 //!        (default: all)
 //!
 //! The bench stages take the prompt and generation lengths from `HAYAI_BENCH_PROMPT` and
@@ -320,6 +320,68 @@ fn main() {
             ..opts(Quant::Int4, false)
         };
         let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "streamed ");
+        check("e4b", ok, line);
+    }
+    if want("stream-bf16") {
+        // The streamed step with bf16 weights (float activations on the CUDA cores) against the
+        // bf16 CPU reference: its K splits are the stream layout's, so to tolerance plus greedy
+        // identity, as the single-kernel step; graph replay and eager launch; then the same
+        // decode step operation by operation against the launch plan's bf16 on the small Gemma 3.
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let (m, p) = stream_model(arch, seed);
+            for use_graph in [true, false] {
+                let o = CudaOptions {
+                    streamed_step: true,
+                    use_graph,
+                    batched_prefill: false,
+                    ..opts(Quant::Bf16, false)
+                };
+                let (ok, line) = parity_verdict(
+                    parity(&m, &o, &p, 300),
+                    1e-4,
+                    format!("streamed bf16 graph {use_graph} "),
+                );
+                check(name, ok, line);
+            }
+        }
+        let (m, p) = stream_model(Arch::Gemma3, 2);
+        let a = opts(Quant::Bf16, false);
+        let b = CudaOptions {
+            streamed_step: true,
+            ..opts(Quant::Bf16, false)
+        };
+        match hayai_cuda::check::op_outputs_compare(&m, &a, &b, &p[..31], p[31]) {
+            Ok(rows) => {
+                let worst = rows.iter().map(|r| r.1).fold(0.0f64, f64::max);
+                println!("bf16 after 31 tokens: operation, rel L2 streamed vs launch plan, max |launch plan|");
+                for (i, (label, rel, max)) in rows.iter().enumerate() {
+                    if i < 12 || *rel > 1e-5 {
+                        println!("  {i:3} {label:16} {rel:.2e} {max:.3e}");
+                    }
+                }
+                // Both multiply bf16 weights; the launch plan's x is a bf16 pair (16 bits).
+                check(
+                    "small-gemma3",
+                    worst < 1e-4,
+                    format!("bf16 operations: worst rel L2 {worst:.2e} (bound 1e-4)"),
+                );
+            }
+            Err(e) => check(
+                "small-gemma3",
+                false,
+                format!("bf16 operation outputs: {e}"),
+            ),
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        let o = CudaOptions {
+            streamed_step: true,
+            ..opts(Quant::Bf16, false)
+        };
+        let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "streamed bf16 ");
         check("e4b", ok, line);
     }
     if want("a8") {
@@ -824,6 +886,12 @@ fn main() {
         runs.push(CudaOptions {
             streamed_step: true,
             ..opts(Quant::Int4, false)
+        });
+    }
+    if want("bench-stream-bf16") {
+        runs.push(CudaOptions {
+            streamed_step: true,
+            ..opts(Quant::Bf16, false)
         });
     }
     if want("bench-single") {

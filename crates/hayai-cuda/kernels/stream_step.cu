@@ -39,11 +39,25 @@
 #define SS_THREADS ((SS_NW + 1) * 32)   // + the producer warp
 #define SS_CELL_BYTES 1056
 #define SS_CELL_U4 (SS_CELL_BYTES / 16)
+// bf16 cells (the W16 kernels, decode_stream_w16_r*): 16 rows x 64 columns in the m16n8k16 A
+// order (stream_layout.rs `CellFormat::Bf16`), 2,048 bytes, 32-KB chunks (the prototype's best
+// for bf16: 16 cells a chunk against 8, docs/performance.md, tenth session).
+#define SS_W16_U4 (2048 / 16)
 #define SS_CH 16                        // cells per ring chunk
 #define SS_MAXG 96                      // input groups: K <= 12,288
 #define SS_BAR 4                        // the consumers' named barrier (attention groups take 1-3)
 #ifndef SS_PFD
 #define SS_PFD 8                        // sm_90: chunks pulled into L2 ahead while the ring is full (0-16 measured: 8)
+#endif
+// The same for the 32-KB chunks of bf16 cells: none (8, 4 and 2 measured slower: 245, 281 and
+// 292 against 308 tok/s, docs/performance.md, thirty-fifth session; at 8 the look-ahead and the
+// ring would hold ~55 MB of a 50-MB L2). SS_PFD16W: as many while the consumers wait on a link
+// (the memory is idle then; a measurement switch, 0: none).
+#ifndef SS_PFD16
+#define SS_PFD16 0
+#endif
+#ifndef SS_PFD16W
+#define SS_PFD16W 0
 #endif
 // sm_90: at most this many ns the idle producer waits on its oldest copy (a slot freed meanwhile
 // waits for it). 100 and 30 measured the same as 300 (573.3-574.3, 572.5-575.5 against
@@ -165,10 +179,11 @@ __device__ __forceinline__ void ss_tl_at(unsigned long long* tl, int i) {
 
 // The producer warp: this SM's `total` cells into the ring chunk by chunk; chunk c goes into slot
 // c % NCH once chunk c - NCH has landed and every consumer warp is done with it.
-template <int NCH>
+template <int NCH, int CU4 = SS_CELL_U4>
 __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t* full, unsigned total,
-                           int lane, volatile int* hold, unsigned* landed, const unsigned* wdone) {
-    const uint4* src = P.stream + P.sm_base[blockIdx.x] * SS_CELL_U4;
+                           int lane, volatile int* hold, unsigned* landed, const unsigned* wdone,
+                           volatile int* waiting = nullptr) {
+    const uint4* src = P.stream + P.sm_base[blockIdx.x] * CU4;
     const unsigned nch = (total + SS_CH - 1) / SS_CH;
     unsigned issued = 0, done = 0, pf = 0;
     while (done < nch) {
@@ -178,9 +193,9 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
             freed = __reduce_min_sync(HAYAI_FULL_MASK, freed);
             if ((issued < NCH || freed > issued - NCH) && !*hold) {
                 const unsigned slot = issued % NCH;
-                const unsigned n16 = min((unsigned)SS_CH, total - issued * SS_CH) * SS_CELL_U4;
-                uint4* dst = (uint4*)ring + slot * SS_CH * SS_CELL_U4;
-                const uint4* from = src + (size_t)issued * SS_CH * SS_CELL_U4;
+                const unsigned n16 = min((unsigned)SS_CH, total - issued * SS_CH) * CU4;
+                uint4* dst = (uint4*)ring + slot * SS_CH * CU4;
+                const uint4* from = src + (size_t)issued * SS_CH * CU4;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
                 if (lane == 0) {
                     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(
@@ -214,11 +229,14 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
         if (!moved) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             // Nothing to copy or publish: pull the next chunks into L2 (up to SS_PFD ahead).
+            unsigned pfd = CU4 == SS_CELL_U4 ? SS_PFD : SS_PFD16;
+            if constexpr (CU4 != SS_CELL_U4 && SS_PFD16W > 0)
+                if (*waiting) pfd = SS_PFD16W;
             if (pf < issued) pf = issued;
-            if (pf < nch && pf < issued + SS_PFD && !*hold) {
+            if (pf < nch && pf < issued + pfd && !*hold) {
                 if (lane == 0)
-                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)pf * SS_CH * SS_CELL_U4),
-                                 "r"(min((unsigned)SS_CH, total - pf * SS_CH) * SS_CELL_BYTES)
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)pf * SS_CH * CU4),
+                                 "r"(min((unsigned)SS_CH, total - pf * SS_CH) * CU4 * 16)
                                  : "memory");
                 pf++;
                 continue;
@@ -238,8 +256,8 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
     (void)pf;
 }
 
-// A consumer warp's view of the ring (positions in cells of this SM's stream).
-template <int NCH>
+// A consumer warp's view of the ring (positions in cells of this SM's stream; CU4: a cell's uint4s).
+template <int NCH, int CU4 = SS_CELL_U4>
 struct SsRing {
     const uint4* cells;
     unsigned have;    // chunks [0, have) are known to have landed
@@ -260,7 +278,7 @@ struct SsRing {
         ss_st_release_cta(wdone, c);
     }
     __device__ __forceinline__ const uint4* cell(unsigned pos) const {
-        return cells + ((pos / SS_CH) % NCH * SS_CH + pos % SS_CH) * SS_CELL_U4;
+        return cells + ((pos / SS_CH) % NCH * SS_CH + pos % SS_CH) * CU4;
     }
 };
 
@@ -319,6 +337,29 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
 #endif
     acc_a = fmaf(fa, sa * xsc, acc_a);
     acc_b = fmaf(fb, sb * xsc, acc_b);
+}
+
+// One bf16 cell (the W16 kernels): lane (g, c) holds, per 16-column step t, rows g and g + 8 at
+// columns 16 t + 2 c, + 1 (words x, y) and 16 t + 8 + 2 c, + 1 (words z, w) (stream_layout.rs
+// `encode_cell`); xw: the input's float x at the group's column 2 c. On the CUDA cores: bf16
+// times float products are exact in float, so the sums differ from the CPU reference's only in
+// their order (the tensor cores would take x as a bf16 pair: gemv_mma); 1,024 FMAs a cell, far
+// under what the stream delivers to an SM. Each lane keeps its own sums; the quad's four are
+// added once a pass (ss_gemv), as the dp4a cell's.
+__device__ __forceinline__ void ss_cell16(const uint4* cp, const float* xw, int lane, float& acc_a, float& acc_b) {
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint4 w = cp[t * 32 + lane];
+        const float2 xa = *(const float2*)(xw + 16 * t), xb = *(const float2*)(xw + 16 * t + 8);
+        acc_a = fmaf(bf16_lo(w.x), xa.x, acc_a);
+        acc_b = fmaf(bf16_lo(w.y), xa.x, acc_b);
+        acc_a = fmaf(bf16_hi(w.x), xa.y, acc_a);
+        acc_b = fmaf(bf16_hi(w.y), xa.y, acc_b);
+        acc_a = fmaf(bf16_lo(w.z), xb.x, acc_a);
+        acc_b = fmaf(bf16_lo(w.w), xb.x, acc_b);
+        acc_a = fmaf(bf16_hi(w.z), xb.y, acc_a);
+        acc_b = fmaf(bf16_hi(w.w), xb.y, acc_b);
+    }
 }
 
 struct SsPass {
@@ -507,13 +548,16 @@ __device__ __forceinline__ void ss_split_prologue(const GemvParams& g, const Ple
 // code (and the prologue inlined in it) made the kernel's code 178 -> 262 KB, and the fused
 // operation, run once a layer, ran about twice as slow in every phase (instruction fetches
 // missing; docs/performance.md, twenty-fifth session).
-template <int NCH>
+// W16: bf16 cells (64 columns a group, ss_cell16) multiplying the prologue's float x in place.
+template <int NCH, bool W16 = false>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
-                        SsRing<NCH>& R, int& pc, volatile int* hold, unsigned long long* stamps,
-                        int x_floats, unsigned long long* tl, float* keep,
+                        SsRing<NCH, W16 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc, volatile int* hold,
+                        unsigned long long* stamps, int x_floats, unsigned long long* tl, float* keep,
                         const PleSplitParams* sp = nullptr, int skind = STEP_GEMV) {
+    constexpr int CU4 = W16 ? SS_W16_U4 : SS_CELL_U4;
+    constexpr int GC = W16 ? 64 : 128;  // a group's (a cell's) columns
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int G = g.cols >> 7, gu = G / g.splits, tiles = g.rows >> 4;
+    const int G = g.cols >> (W16 ? 6 : 7), gu = G / g.splits, tiles = g.rows >> 4;
     const int nt = (int)sh.units;
     // SM 0 stores the new residual (gemv_prologue): it runs the prologue even without units.
     if (nt == 0 && !(blockIdx.x == 0 && g.res_out)) return;
@@ -525,10 +569,13 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
         ss_split_prologue(g, *sp, xs, sm.sred);
     else
 #endif
-    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * 32, g1 * 32,
+    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * (GC / 4), g1 * (GC / 4),
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
     if (nt == 0) return;
+    // This lane's columns of a bf16 cell's input (ss_cell16), from group 0.
+    const float* xw0 = xs + 2 * (lane & 3);
+    (void)xw0;
 #if SS_PLE_SPLIT
     // gate/up's tiles from a_tile on are the PLE gate's (splits 1): their input is h_mid before
     // the norm (gemv_prologue left it in the residual slot of `cst`), quantized as groups G..2G.
@@ -544,13 +591,16 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     }
 #endif
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
-    // c = l % 4), half (l / 4) % 2.
-    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
-        int q[4];
-        const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
-        ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m, lane);
+    // c = l % 4), half (l / 4) % 2. (bf16 cells take x as the prologue left it.)
+    if constexpr (!W16) {
+        for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+            int q[4];
+            const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
+            ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m,
+                           lane);
+        }
+        ConsumerThreads{}.sync();
     }
-    ConsumerThreads{}.sync();
     stamp_at(stamps, 3);
     ss_tl_at(tl, 2);
 
@@ -588,9 +638,14 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     if (slot1 >= RC) slot1 -= RC;
                     R.release_to(pos);
                     R.land((pos + np) / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
-                    ss_cell(R.cells + slot1 * SS_CELL_U4, xb + xstep, x8[r + 1], xc[r + 1], lane,
-                            acc_a, acc_b);
+                    if constexpr (W16) {
+                        ss_cell16(R.cells + slot * CU4, xw0 + (gofs + r) * GC, lane, acc_a, acc_b);
+                        ss_cell16(R.cells + slot1 * CU4, xw0 + (gofs + r + 1) * GC, lane, acc_a, acc_b);
+                    } else {
+                        ss_cell(R.cells + slot * CU4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                        ss_cell(R.cells + slot1 * CU4, xb + xstep, x8[r + 1], xc[r + 1], lane, acc_a,
+                                acc_b);
+                    }
                     xb += 2 * xstep;
                     pos += 2 * np;
                     slot = slot1 + np;
@@ -599,7 +654,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 if (r < gu) {
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cells + slot * SS_CELL_U4, xb, x8[r], xc[r], lane, acc_a, acc_b);
+                    if constexpr (W16)
+                        ss_cell16(R.cells + slot * CU4, xw0 + (gofs + r) * GC, lane, acc_a, acc_b);
+                    else
+                        ss_cell(R.cells + slot * CU4, xb, x8[r], xc[r], lane, acc_a, acc_b);
                 }
             } else {
                 // Round r holds, per unit, groups r kw .. r kw + kw - 1 (fewer in the last round).
@@ -612,10 +670,15 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned p1 = pb + (unsigned)((r + 1) * q.np * q.kw + ti * cnt1 + sl);
                     R.release_to(p0);
                     R.land(p1 / SS_CH);
-                    ss_cell(R.cell(p0), SS_XB(gofs + ga), sm.xs8[gofs + ga],
-                            sm.xsc[gofs + ga], lane, acc_a, acc_b);
-                    ss_cell(R.cell(p1), SS_XB(gofs + gb), sm.xs8[gofs + gb],
-                            sm.xsc[gofs + gb], lane, acc_a, acc_b);
+                    if constexpr (W16) {
+                        ss_cell16(R.cell(p0), xw0 + (gofs + ga) * GC, lane, acc_a, acc_b);
+                        ss_cell16(R.cell(p1), xw0 + (gofs + gb) * GC, lane, acc_a, acc_b);
+                    } else {
+                        ss_cell(R.cell(p0), SS_XB(gofs + ga), sm.xs8[gofs + ga], sm.xsc[gofs + ga], lane,
+                                acc_a, acc_b);
+                        ss_cell(R.cell(p1), SS_XB(gofs + gb), sm.xs8[gofs + gb], sm.xsc[gofs + gb], lane,
+                                acc_a, acc_b);
+                    }
                 }
                 for (; r < q.rounds; r++) {
                     const int grp = r * q.kw + sl;
@@ -624,17 +687,20 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     const unsigned pos = pb + (unsigned)(r * q.np * q.kw + ti * cnt + sl);
                     R.release_to(pos);
                     R.land(pos / SS_CH);
-                    ss_cell(R.cell(pos), SS_XB(gofs + grp), sm.xs8[gofs + grp],
-                            sm.xsc[gofs + grp], lane, acc_a, acc_b);
+                    if constexpr (W16)
+                        ss_cell16(R.cell(pos), xw0 + (gofs + grp) * GC, lane, acc_a, acc_b);
+                    else
+                        ss_cell(R.cell(pos), SS_XB(gofs + grp), sm.xs8[gofs + grp], sm.xsc[gofs + grp], lane,
+                                acc_a, acc_b);
                 }
             }
-#if SS_CELL_DP4A
-            // The quad's lanes' sums of its rows (ss_cell).
-            acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 1);
-            acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 1);
-            acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 2);
-            acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 2);
-#endif
+            // The quad's lanes' sums of its rows (ss_cell, ss_cell16).
+            if (SS_CELL_DP4A || W16) {
+                acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 1);
+                acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 1);
+                acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 2);
+                acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 2);
+            }
             if ((lane & 3) == 0) {
                 sm.red[pc & 1][warp][lane >> 2] = acc_a;
                 sm.red[pc & 1][warp][(lane >> 2) + 8] = acc_b;
@@ -1444,12 +1510,18 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     ssa_merge(a, hd, S, o0, o1, xs);
 }
 
-template <int NCH>
+// W16: bf16 cells (ss_gemv's); not in the fused or split PLE measurement builds (int4 column cells).
+template <int NCH, bool W16 = false>
 __device__ void stream_body(const StreamParams& P) {
+    constexpr int CU4 = W16 ? SS_W16_U4 : SS_CELL_U4;
+#if SS_PLE_FUSED || SS_PLE_SPLIT
+    static_assert(!W16, "the PLE measurement forms are int4 only");
+#endif
     extern __shared__ __align__(128) unsigned char ss_dyn[];
     __shared__ uint64_t full[NCH];
     __shared__ unsigned landed_w, wdone_w[SS_NW];
     __shared__ volatile int hold;
+    __shared__ volatile int waiting;  // W16: thread 0 is waiting on a link (SS_PFD16W)
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
@@ -1461,7 +1533,7 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ SmShare share_stage[2];
 #endif
     unsigned char* ring = ss_dyn;
-    float* xs = (float*)(ss_dyn + (size_t)NCH * SS_CH * SS_CELL_BYTES);
+    float* xs = (float*)(ss_dyn + (size_t)NCH * SS_CH * CU4 * 16);
     uint2* xf = (uint2*)(xs + P.x_floats);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const int nsm = gridDim.x;
@@ -1480,6 +1552,7 @@ __device__ void stream_body(const StreamParams& P) {
 #endif
         landed_w = 0;
         hold = 0;
+        if (W16) waiting = 0;
         // The step's position (attention), read once per launch (every attention's prestage paid
         // its round trip before its wait: +0.3-0.8% a step, docs/performance.md, fifteenth
         // session), requested before the counter so both are in flight.
@@ -1497,11 +1570,11 @@ __device__ void stream_body(const StreamParams& P) {
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
     __syncthreads();
     if (warp == SS_NW) {
-        ss_produce<NCH>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w);
+        ss_produce<NCH, CU4>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w, &waiting);
         return;
     }
 
-    SsRing<NCH> R;
+    SsRing<NCH, CU4> R;
     R.cells = (const uint4*)ring;
     R.have = 0;
     R.rel = 0;
@@ -1546,7 +1619,9 @@ __device__ void stream_body(const StreamParams& P) {
         ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
+            if constexpr (W16 && SS_PFD16W > 0) waiting = 1;
             ss_wait_count(P.done + k - 1, target);
+            if constexpr (W16 && SS_PFD16W > 0) waiting = 0;
         }
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
@@ -1572,7 +1647,7 @@ __device__ void stream_body(const StreamParams& P) {
         }
 #else
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr);
+            ss_gemv<NCH, W16>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr);
         }
 #endif
         else if (kind == STEP_ATTN) {
@@ -1604,4 +1679,17 @@ extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_r10(co
 }
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_r2(const StreamParams P) {
     stream_body<2>(P);
+}
+// bf16 weights (--quant bf16): 5 chunks of 32 KB where the shared memory allows, else 2. (Not in
+// the fused or split PLE measurement builds, whose host refuses a bf16 streamed step.)
+#if !SS_PLE_FUSED && !SS_PLE_SPLIT
+#define SS_W16_BODY(n) stream_body<n, true>(P)
+#else
+#define SS_W16_BODY(n) asm volatile("trap;")
+#endif
+extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16_r5(const StreamParams P) {
+    SS_W16_BODY(5);
+}
+extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16_r2(const StreamParams P) {
+    SS_W16_BODY(2);
 }

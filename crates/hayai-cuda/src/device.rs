@@ -96,6 +96,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("decode_step_s3", false),
     ("decode_stream_r10", false),
     ("decode_stream_r2", false),
+    ("decode_stream_w16_r5", false),
+    ("decode_stream_w16_r2", false),
 ];
 
 impl Gpu {

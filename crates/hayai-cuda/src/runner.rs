@@ -762,8 +762,14 @@ impl CudaRunner {
                 } else if o[1] > o[6] && o[7] > o[1] && o[6] > o[0] {
                     // The streamed step's attention (kernels/stream_step.cu `ssa_op`).
                     out.push(("attention: inputs", ms(o[0], o[6])));
-                    out.push(("attention: scores+softmax", ms(o[6], o[2])));
-                    out.push(("attention: p.V+rest", ms(o[2], o[1])));
+                    if o[2] > o[6] {
+                        out.push(("attention: scores+softmax", ms(o[6], o[2])));
+                        out.push(("attention: p.V+rest", ms(o[2], o[1])));
+                    } else {
+                        // A warp per head (`SSA_WARP_HEAD`, the default) stamps no phase
+                        // between scores and p.V.
+                        out.push(("attention: items", ms(o[6], o[1])));
+                    }
                     out.push(("attention: ranges barrier", ms(o[1], o[7])));
                     out.push(("attention: merge", ms(o[7], o[5])));
                 } else if o[7] > o[6] && o[6] > o[0] {

@@ -725,7 +725,7 @@ pub struct GpuVariantArgs {
     /// memory, grid-wide barriers between operations).
     #[arg(long)]
     pub single_kernel: bool,
-    /// The decode step as the streamed step (int4 with int8 activations; one block per SM, the
+    /// The decode step as the streamed step (`--quant int4-a8` or bf16; one block per SM, the
     /// GEMV weights streamed per SM through a shared-memory ring; docs/streamed-step.md).
     #[arg(long)]
     pub streamed_step: bool,

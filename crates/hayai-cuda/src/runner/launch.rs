@@ -242,6 +242,8 @@ pub(crate) const STREAM_TL_CHUNKS: usize = 4096;
 pub(crate) const STREAM_TL_SLOTS: usize = 10;
 pub(crate) const STREAM_THREADS: usize = (STREAM_WARPS + 1) * 32;
 pub(crate) const STREAM_CHUNK_BYTES: usize = 16 * 1056;
+/// A ring chunk of bf16 cells (`SS_W16_U4`: 16 cells of 2,048 bytes).
+pub(crate) const STREAM_W16_CHUNK_BYTES: usize = 16 * 2048;
 pub(crate) const STREAM_XF_BYTES: usize = 96 * 16 * 8;
 /// Query heads per KV head the streamed step's attention takes (`SSA_MAXR`).
 pub(crate) const STREAM_ATTN_MAX_GROUP: usize = 8;

@@ -108,12 +108,13 @@ pub struct CudaOptions {
     pub single_kernel: bool,
     /// The whole decode step as the streamed step (kernels/stream_step.cu, docs/streamed-step.md):
     /// one block per SM whose producer warp streams the SM's share of every GEMV's weights (laid
-    /// out per SM at load, a second copy of the int4 weights) into a shared-memory ring while its
+    /// out per SM at load, a second copy of the weights) into a shared-memory ring while its
     /// consumer warps run the single-kernel step's operations (attention its own way: by KV head,
     /// keys staged before the wait), each waiting for every SM to finish the one before. int4
-    /// only, with int8 activations (W4A8, as [`CudaOptions::int8_activations`]); its K splits
-    /// are the stream layout's. Off: level with the default on the H200 (docs/performance.md,
-    /// twelfth session), not yet run on the real model or through the PPL gate.
+    /// with int8 activations (W4A8, as [`CudaOptions::int8_activations`]), or bf16 weights
+    /// times float activations on the CUDA cores (the CPU reference's arithmetic in another
+    /// summation order); its K splits are the stream layout's. Off by default
+    /// (docs/performance.md).
     pub streamed_step: bool,
     /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
     /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so
@@ -216,7 +217,9 @@ impl CudaOptions {
 
     /// The decode GEMV in use, in words (benchmark reports).
     pub fn gemv_name(&self) -> &'static str {
-        if self.streamed_step {
+        if self.streamed_step && self.quant == Quant::Bf16 {
+            "streamed step (bf16 weights, float activations)"
+        } else if self.streamed_step {
             "streamed step (W4A8, integer mma)"
         } else if self.single_kernel {
             "single-kernel step"

@@ -176,9 +176,21 @@ impl CudaRunner {
     fn mat_splits(&self, m: &DevMat, sm: usize, label: &str) -> usize {
         let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
         if self.streamed {
-            // The stream layout's own K splits under its caps (its gate/up: 1, at the call site).
+            // The stream layout's own K splits under its caps (its gate/up: 1, at the call site),
+            // over its cells' groups (int4: 128 columns, bf16: 64).
             let cap = crate::step_streams::splits_cap(label);
-            return crate::stream_layout::k_splits_capped(m.rows, m.cols / 128, false, sm, cap);
+            let format = if m.int4 {
+                crate::stream_layout::CellFormat::Int4
+            } else {
+                crate::stream_layout::CellFormat::Bf16
+            };
+            return crate::stream_layout::k_splits_capped(
+                m.rows,
+                m.cols / format.cols(),
+                false,
+                sm,
+                cap,
+            );
         }
         if let Some(k) = &self.step_kernel {
             return step_splits(m.rows, units, k.warps);

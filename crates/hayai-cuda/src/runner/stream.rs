@@ -9,15 +9,28 @@ use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 
 /// Ring depths the kernel is compiled for (`decode_stream_r{N}`), deepest first.
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
+/// The same for bf16 weights (`decode_stream_w16_r{N}`: 32-KB chunks of bf16 cells).
+const RINGS_W16: [(usize, &str); 2] = [(5, "decode_stream_w16_r5"), (2, "decode_stream_w16_r2")];
+
+/// The streamed step's ring depths and chunk bytes for `quant` (int4: W4A8 cells; bf16: bf16
+/// cells multiplying float activations).
+fn stream_rings(quant: Quant) -> (&'static [(usize, &'static str)], usize) {
+    match quant {
+        Quant::Int4 => (&RINGS, STREAM_CHUNK_BYTES),
+        Quant::Bf16 => (&RINGS_W16, STREAM_W16_CHUNK_BYTES),
+    }
+}
 
 impl CudaRunner {
     /// The streamed step's launch shape on this GPU: the deepest ring that fits beside the GEMV
     /// input (or three attention items' scratch) and the int8 fragments.
     pub(super) fn stream_config(&self, max_cols: usize) -> Result<StepConfig, CudaError> {
         let spec = &self.model.spec;
-        if self.quant != Quant::Int4 {
+        let (rings, chunk) = stream_rings(self.quant);
+        if self.quant == Quant::Bf16 && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1)) {
             return Err(CudaError::Unsupported(
-                "streamed step: int4 weights only (--quant int4)".into(),
+                "streamed step: a build with the fused or split PLE forms has no bf16 kernels"
+                    .into(),
             ));
         }
         if max_cols > 96 * 128 {
@@ -37,9 +50,9 @@ impl CudaRunner {
         let x_floats = stream_x_floats(spec, max_cols)?;
         let mut room = 0;
         let mut fits = None;
-        for &(n, k) in RINGS.iter() {
+        for &(n, k) in rings.iter() {
             room = self.gpu.max_dynamic_smem(k)?;
-            if n * STREAM_CHUNK_BYTES + x_floats * 4 + STREAM_XF_BYTES <= room {
+            if n * chunk + x_floats * 4 + STREAM_XF_BYTES <= room {
                 fits = Some((n, k));
                 break;
             }
@@ -49,7 +62,7 @@ impl CudaRunner {
                 "streamed step: GEMV width {max_cols} leaves no room for a ring in {room} bytes of shared memory"
             ))
         })?;
-        let smem = nch * STREAM_CHUNK_BYTES + x_floats * 4 + STREAM_XF_BYTES;
+        let smem = nch * chunk + x_floats * 4 + STREAM_XF_BYTES;
         self.gpu.set_max_dynamic_smem(kernel, smem)?;
         let per_sm = unsafe {
             cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
@@ -87,8 +100,10 @@ impl CudaRunner {
                 )));
             }
         }
-        let fused = ple_fused_wanted(&self.model.spec);
-        let split = ple_split_wanted(&self.model.spec);
+        // (A bf16 step has neither: `stream_config` refused such builds.)
+        let int4 = self.quant == Quant::Int4;
+        let fused = int4 && ple_fused_wanted(&self.model.spec);
+        let split = int4 && ple_split_wanted(&self.model.spec);
         let form = if fused {
             PleForm::Fused
         } else if split {
@@ -96,7 +111,7 @@ impl CudaRunner {
         } else {
             PleForm::Apart
         };
-        let st = step_streams(&self.model, Quant::Int4, grid, STREAM_WARPS, form)?;
+        let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, form)?;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = self
             .plan
@@ -929,6 +944,26 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn each_format_has_its_rings_deepest_first_and_loaded() {
+        for (quant, cell) in [(Quant::Int4, 1056), (Quant::Bf16, 2048)] {
+            let (rings, chunk) = stream_rings(quant);
+            assert_eq!(chunk, 16 * cell, "{quant:?}");
+            assert!(rings.windows(2).all(|w| w[0].0 > w[1].0), "{quant:?}");
+            for (n, k) in rings {
+                assert!(k.ends_with(&format!("_r{n}")), "{k}");
+                assert!(
+                    crate::device::KERNELS.iter().any(|(name, _)| name == k),
+                    "{k}"
+                );
+            }
+        }
+        // The E4B bf16 ring and input areas fit the H200's 227 KB of shared memory.
+        let e4b = crate::synth::e4b_spec();
+        let x = stream_x_floats(&e4b, 10240).unwrap();
+        assert!(5 * STREAM_W16_CHUNK_BYTES + 4 * x + STREAM_XF_BYTES + 4608 <= 227 * 1024);
     }
 
     fn gemv(rows: i32, cols: i32, splits: i32) -> Vec<u64> {
