@@ -51,13 +51,10 @@
 #endif
 // The same for the 32-KB chunks of bf16 cells: none (8, 4 and 2 measured slower: 245, 281 and
 // 292 against 308 tok/s, docs/performance.md, thirty-fifth session; at 8 the look-ahead and the
-// ring would hold ~55 MB of a 50-MB L2). SS_PFD16W: as many while the consumers wait on a link
-// (the memory is idle then; a measurement switch, 0: none).
+// ring would hold ~55 MB of a 50-MB L2). Only while the consumers wait on a link, 4-12 chunks
+// measured slower too (305-296): the prefetches queue ahead of the next operation's input reads.
 #ifndef SS_PFD16
 #define SS_PFD16 0
-#endif
-#ifndef SS_PFD16W
-#define SS_PFD16W 0
 #endif
 // sm_90: at most this many ns the idle producer waits on its oldest copy (a slot freed meanwhile
 // waits for it). 100 and 30 measured the same as 300 (573.3-574.3, 572.5-575.5 against
@@ -181,8 +178,7 @@ __device__ __forceinline__ void ss_tl_at(unsigned long long* tl, int i) {
 // c % NCH once chunk c - NCH has landed and every consumer warp is done with it.
 template <int NCH, int CU4 = SS_CELL_U4>
 __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t* full, unsigned total,
-                           int lane, volatile int* hold, unsigned* landed, const unsigned* wdone,
-                           volatile int* waiting = nullptr) {
+                           int lane, volatile int* hold, unsigned* landed, const unsigned* wdone) {
     const uint4* src = P.stream + P.sm_base[blockIdx.x] * CU4;
     const unsigned nch = (total + SS_CH - 1) / SS_CH;
     unsigned issued = 0, done = 0, pf = 0;
@@ -229,11 +225,9 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
         if (!moved) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             // Nothing to copy or publish: pull the next chunks into L2 (up to SS_PFD ahead).
-            unsigned pfd = CU4 == SS_CELL_U4 ? SS_PFD : SS_PFD16;
-            if constexpr (CU4 != SS_CELL_U4 && SS_PFD16W > 0)
-                if (*waiting) pfd = SS_PFD16W;
+            constexpr unsigned PFD = CU4 == SS_CELL_U4 ? SS_PFD : SS_PFD16;
             if (pf < issued) pf = issued;
-            if (pf < nch && pf < issued + pfd && !*hold) {
+            if (pf < nch && pf < issued + PFD && !*hold) {
                 if (lane == 0)
                     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)pf * SS_CH * CU4),
                                  "r"(min((unsigned)SS_CH, total - pf * SS_CH) * CU4 * 16)
@@ -1521,7 +1515,6 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ uint64_t full[NCH];
     __shared__ unsigned landed_w, wdone_w[SS_NW];
     __shared__ volatile int hold;
-    __shared__ volatile int waiting;  // W16: thread 0 is waiting on a link (SS_PFD16W)
     __shared__ unsigned done_base;
     __shared__ int pos_s;  // the step's position (every attention's)
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
@@ -1552,7 +1545,6 @@ __device__ void stream_body(const StreamParams& P) {
 #endif
         landed_w = 0;
         hold = 0;
-        if (W16) waiting = 0;
         // The step's position (attention), read once per launch (every attention's prestage paid
         // its round trip before its wait: +0.3-0.8% a step, docs/performance.md, fifteenth
         // session), requested before the counter so both are in flight.
@@ -1570,7 +1562,7 @@ __device__ void stream_body(const StreamParams& P) {
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
     __syncthreads();
     if (warp == SS_NW) {
-        ss_produce<NCH, CU4>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w, &waiting);
+        ss_produce<NCH, CU4>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w);
         return;
     }
 
@@ -1619,9 +1611,7 @@ __device__ void stream_body(const StreamParams& P) {
         ss_tl_at(tl, 0);
         if (k > 0 && tid == 0) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
-            if constexpr (W16 && SS_PFD16W > 0) waiting = 1;
             ss_wait_count(P.done + k - 1, target);
-            if constexpr (W16 && SS_PFD16W > 0) waiting = 0;
         }
         ct.sync();
         unsigned long long* stamps = P.timing ? P.timing + STEP_STAMPS * k : nullptr;
