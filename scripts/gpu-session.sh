@@ -13,7 +13,8 @@
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         (ppl: the batched prefill's bf16 and int4, then scored one decode step per token: int4
-#         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step; ~6 min);
+#         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step,
+#         bf16 through the launch plan and the streamed step; ~8 min);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
 #         vparity: `gpu_check stream` (parity) of the measurement builds named in PARITY (.gpu/gpu_check_NAME);
@@ -23,7 +24,8 @@
 #         HAYAI_STREAM_PLE_SPLIT=0@.gpu/gpu_check_split) alternated, ROUNDS rounds (2), no run
 #         begun after ROTATE_BUDGET s (~50 s a run); the lengths are gpu_check's
 #         HAYAI_BENCH_PROMPT / HAYAI_BENCH_GEN (128 / 512): ROTATE_ENV (e.g.
-#         "HAYAI_BENCH_PROMPT=2048 HAYAI_BENCH_GEN=256") applies to every run of the rotation;
+#         "HAYAI_BENCH_PROMPT=2048 HAYAI_BENCH_GEN=256") applies to every run of the rotation,
+#         ROTATE_STAGE (bench-stream; bench-stream-bf16: the bf16 streamed step) is what each runs;
 #         long: the streamed step at a long context through `hayai bench-engine` (carry
 #         .gpu/hayai.gz; LONG_PROMPT tokens, 2048, + 256), the default alternated with each
 #         VAR=VALUE setting in LONG_ENV, LONG_ROUNDS rounds (1);
@@ -182,6 +184,8 @@ run() {
     timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL|INFO" | tee -a "$out/session.log"
     HAYAI_STREAM_ATTN_TK=1 timeout 200 "$C" stream 2>&1 | grep -E "PASS|FAIL" | sed 's/^/TK=1 /' | tee -a "$out/session.log"
     timeout 120 "$C" stream-ops 2>&1 | grep -vE "^build|^gpu:" | tee -a "$out/session.log"
+    # bf16 through the streamed step (thirty-fifth session): its CPU reference and the launch plan.
+    timeout 200 "$C" stream-bf16 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"
   fi
   if has pending-stream; then
     # (gpu_check runs its stages once each, in its own order: `bench` is the persistent and the
@@ -214,12 +218,12 @@ run() {
         echo "-- $c" | tee -a "$out/session.log"
         if [[ "$c" =~ ^([A-Za-z_][A-Za-z0-9_]*=[^@]*)@(.+)$ ]]; then
           # VAR=VALUE@BINARY: a measurement build with that setting.
-          env ${ROTATE_ENV:-} "${BASH_REMATCH[1]}" timeout 100 "${BASH_REMATCH[2]}" bench-stream 2>&1 |
+          env ${ROTATE_ENV:-} "${BASH_REMATCH[1]}" timeout 100 "${BASH_REMATCH[2]}" "${ROTATE_STAGE:-bench-stream}" 2>&1 |
             grep -E "decode:" | tee -a "$out/session.log"
         elif [[ "$c" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
-          env ${ROTATE_ENV:-} "$c" timeout 100 "$C" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+          env ${ROTATE_ENV:-} "$c" timeout 100 "$C" "${ROTATE_STAGE:-bench-stream}" 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
         else
-          env ${ROTATE_ENV:-} timeout 100 "$c" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+          env ${ROTATE_ENV:-} timeout 100 "$c" "${ROTATE_STAGE:-bench-stream}" 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
         fi
       done
     done
@@ -298,8 +302,8 @@ run() {
     # The A10G's code paths on the H200 (docs/cuda.md): the default and streamed steps' parity
     # with a binary holding only compute_80 PTX (the driver compiles it at the first load; PDL
     # off). Carry .gpu/gpu_check_ptx.
-    stage "gpu_check parity stream single (compute_80 PTX only)"
-    timeout 500 .gpu/gpu_check_ptx parity stream single > "$out/ptx.log" 2>&1
+    stage "gpu_check parity stream stream-bf16 single (compute_80 PTX only)"
+    timeout 560 .gpu/gpu_check_ptx parity stream stream-bf16 single > "$out/ptx.log" 2>&1
     grep -E "PASS|FAIL|INFO|rror|panic" "$out/ptx.log" | tee -a "$out/session.log"
   fi
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi
@@ -326,7 +330,8 @@ run() {
     # through the launch plan, int4-a8 through the streamed step: the PPL gate's view of W4A8.
     local v
     for v in "--quant int4" "--quant int4 --prefill stepwise" "--quant int4-a8 --prefill stepwise" \
-      "--quant int4-a8 --prefill stepwise --streamed-step"; do
+      "--quant int4-a8 --prefill stepwise --streamed-step" "--quant bf16 --prefill stepwise" \
+      "--quant bf16 --prefill stepwise --streamed-step"; do
       echo "-- $v" | tee -a "$out/session.log"
       timeout 300 .gpu/hayai ppl --model "$G" --device cuda $v --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"
     done

@@ -284,6 +284,29 @@ fn real_gemma3_270m_streamed_step_matches_cpu() {
     }
 }
 
+/// On a GPU: the streamed step in bf16 (bf16 weights times float activations, the reference's
+/// arithmetic in another order of sums) on the real Gemma 3 270M against the CPU reference, graph
+/// replay and eager launches, held as the single-kernel step's bf16 is.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn real_gemma3_270m_streamed_step_bf16_matches_cpu() {
+    require_gpu();
+    let m = real_270m();
+    let p = REAL_PROMPT;
+    for use_graph in [true, false] {
+        let o = CudaOptions {
+            streamed_step: true,
+            use_graph,
+            batched_prefill: false,
+            ..opts(Quant::Bf16, false)
+        };
+        let r = parity(&m, &o, &p, 256).unwrap();
+        eprintln!("270M streamed step bf16 (graph {use_graph}) {}", r.line());
+        assert!(r.rel_l2 < 1e-3, "{}", r.line());
+        assert!(r.greedy_identical(), "{}", r.line());
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_variants_are_bit_identical() {
