@@ -112,6 +112,32 @@ fn parity_verdict(
     }
 }
 
+/// (passed, line) of the streamed step with `quant` on `m` (`prompt`, then 300 greedy steps) held
+/// to 1e-4 (see `parity_verdict`), with graph replay and with eager launches.
+fn streamed_parity(
+    m: &hayai_model::Model,
+    prompt: &[u32],
+    quant: Quant,
+    label: &str,
+) -> Vec<(bool, String)> {
+    [true, false]
+        .into_iter()
+        .map(|use_graph| {
+            let o = CudaOptions {
+                streamed_step: true,
+                use_graph,
+                batched_prefill: false,
+                ..opts(quant, false)
+            };
+            parity_verdict(
+                parity(m, &o, prompt, 300),
+                1e-4,
+                format!("{label}graph {use_graph} "),
+            )
+        })
+        .collect()
+}
+
 /// (passed, line) of a parity run of `o` on `m` (`prompt`, then `steps` greedy steps) held to
 /// `tol` (see `parity_verdict`).
 fn check_parity(
@@ -298,18 +324,7 @@ fn main() {
                 "launch plan W4A8, run-time-head-dim attention ".into(),
             );
             println!("[INFO] {name} (vocab 1,024): {line}");
-            for use_graph in [true, false] {
-                let o = CudaOptions {
-                    streamed_step: true,
-                    use_graph,
-                    batched_prefill: false,
-                    ..opts(Quant::Int4, false)
-                };
-                let (ok, line) = parity_verdict(
-                    parity(&m, &o, &p, 300),
-                    1e-4,
-                    format!("streamed graph {use_graph} "),
-                );
+            for (ok, line) in streamed_parity(&m, &p, Quant::Int4, "streamed ") {
                 check(name, ok, line);
             }
         }
@@ -332,18 +347,7 @@ fn main() {
             ("small-gemma3", Arch::Gemma3, 2),
         ] {
             let (m, p) = stream_model(arch, seed);
-            for use_graph in [true, false] {
-                let o = CudaOptions {
-                    streamed_step: true,
-                    use_graph,
-                    batched_prefill: false,
-                    ..opts(Quant::Bf16, false)
-                };
-                let (ok, line) = parity_verdict(
-                    parity(&m, &o, &p, 300),
-                    1e-4,
-                    format!("streamed bf16 graph {use_graph} "),
-                );
+            for (ok, line) in streamed_parity(&m, &p, Quant::Bf16, "streamed bf16 ") {
                 check(name, ok, line);
             }
         }

@@ -268,20 +268,34 @@ fn real_gemma3_270m_single_kernel_step_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn real_gemma3_270m_streamed_step_matches_cpu() {
+    for r in real_270m_streamed(Quant::Int4) {
+        assert!(r.agrees(1e-4), "{}", r.line());
+    }
+}
+
+/// The streamed step with `quant` on the real Gemma 3 270M against its CPU reference (256
+/// greedy steps), with graph replay and with eager launches.
+fn real_270m_streamed(quant: Quant) -> Vec<hayai_cuda::check::ParityReport> {
     require_gpu();
     let m = real_270m();
     let p = REAL_PROMPT;
-    for use_graph in [true, false] {
-        let o = CudaOptions {
-            streamed_step: true,
-            use_graph,
-            batched_prefill: false,
-            ..opts(Quant::Int4, false)
-        };
-        let r = parity(&m, &o, &p, 256).unwrap();
-        eprintln!("270M streamed step (graph {use_graph}) {}", r.line());
-        assert!(r.agrees(1e-4), "{}", r.line());
-    }
+    [true, false]
+        .into_iter()
+        .map(|use_graph| {
+            let o = CudaOptions {
+                streamed_step: true,
+                use_graph,
+                batched_prefill: false,
+                ..opts(quant, false)
+            };
+            let r = parity(&m, &o, &p, 256).unwrap();
+            eprintln!(
+                "270M streamed step {quant:?} (graph {use_graph}) {}",
+                r.line()
+            );
+            r
+        })
+        .collect()
 }
 
 /// On a GPU: the streamed step in bf16 (bf16 weights times float activations, the reference's
@@ -290,18 +304,7 @@ fn real_gemma3_270m_streamed_step_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn real_gemma3_270m_streamed_step_bf16_matches_cpu() {
-    require_gpu();
-    let m = real_270m();
-    let p = REAL_PROMPT;
-    for use_graph in [true, false] {
-        let o = CudaOptions {
-            streamed_step: true,
-            use_graph,
-            batched_prefill: false,
-            ..opts(Quant::Bf16, false)
-        };
-        let r = parity(&m, &o, &p, 256).unwrap();
-        eprintln!("270M streamed step bf16 (graph {use_graph}) {}", r.line());
+    for r in real_270m_streamed(Quant::Bf16) {
         assert!(r.rel_l2 < 1e-3, "{}", r.line());
         assert!(r.greedy_identical(), "{}", r.line());
     }
