@@ -25,7 +25,8 @@
 #         begun after ROTATE_BUDGET s (~50 s a run); the lengths are gpu_check's
 #         HAYAI_BENCH_PROMPT / HAYAI_BENCH_GEN (128 / 512): ROTATE_ENV (e.g.
 #         "HAYAI_BENCH_PROMPT=2048 HAYAI_BENCH_GEN=256") applies to every run of the rotation,
-#         ROTATE_STAGE (bench-stream; bench-stream-bf16: the bf16 streamed step) is what each runs;
+#         ROTATE_STAGE (bench-stream; bench-stream-w4 / bench-stream-bf16: the int4 W4A16 / bf16
+#         streamed step) is what each runs;
 #         long: the streamed step at a long context through `hayai bench-engine` (carry
 #         .gpu/hayai.gz; LONG_PROMPT tokens, 2048, + 256), the default alternated with each
 #         VAR=VALUE setting in LONG_ENV, LONG_ROUNDS rounds (1);
@@ -186,6 +187,8 @@ run() {
     timeout 120 "$C" stream-ops 2>&1 | grep -vE "^build|^gpu:" | tee -a "$out/session.log"
     # bf16 through the streamed step (thirty-fifth session): its CPU reference and the launch plan.
     timeout 200 "$C" stream-bf16 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"
+    # int4 W4A16 through the streamed step (thirty-sixth session): the same, x as a bf16 pair.
+    timeout 200 "$C" stream-w4 2>&1 | grep -E "PASS|FAIL" | tee -a "$out/session.log"
   fi
   if has pending-stream; then
     # (gpu_check runs its stages once each, in its own order: `bench` is the persistent and the
@@ -302,8 +305,8 @@ run() {
     # The A10G's code paths on the H200 (docs/cuda.md): the default and streamed steps' parity
     # with a binary holding only compute_80 PTX (the driver compiles it at the first load; PDL
     # off). Carry .gpu/gpu_check_ptx.
-    stage "gpu_check parity stream stream-bf16 single (compute_80 PTX only)"
-    timeout 560 .gpu/gpu_check_ptx parity stream stream-bf16 single > "$out/ptx.log" 2>&1
+    stage "gpu_check parity stream stream-w4 stream-bf16 single (compute_80 PTX only)"
+    timeout 560 .gpu/gpu_check_ptx parity stream stream-w4 stream-bf16 single > "$out/ptx.log" 2>&1
     grep -E "PASS|FAIL|INFO|rror|panic" "$out/ptx.log" | tee -a "$out/session.log"
   fi
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi
@@ -329,7 +332,8 @@ run() {
     # prefill scores on tensor-core GEMMs, not the decode step): int4 (W4A16) and int4-a8 (W4A8)
     # through the launch plan, int4-a8 through the streamed step: the PPL gate's view of W4A8.
     local v
-    for v in "--quant int4" "--quant int4 --prefill stepwise" "--quant int4-a8 --prefill stepwise" \
+    for v in "--quant int4" "--quant int4 --prefill stepwise" "--quant int4 --prefill stepwise --streamed-step" \
+      "--quant int4-a8 --prefill stepwise" \
       "--quant int4-a8 --prefill stepwise --streamed-step" "--quant bf16 --prefill stepwise" \
       "--quant bf16 --prefill stepwise --streamed-step"; do
       echo "-- $v" | tee -a "$out/session.log"

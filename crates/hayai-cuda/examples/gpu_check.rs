@@ -3,7 +3,8 @@
 //! usage: gpu_check [parity] [fuse] [single] [a8] [tc] [kw] [ad] [hd] [e4b-parity] [prefill] [prefill-e4b]
 //!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
 //!        [bench-a8] [bench-pf] [bench-pfa] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
-//!        [bench-bf16-tiled] [stream] [stream-bf16] [bench-stream] [bench-stream-bf16] ...
+//!        [bench-bf16-tiled] [stream] [stream-w4] [stream-bf16] [bench-stream] [bench-stream-w4]
+//!        [bench-stream-bf16] ...
 //!        (default: all)
 //!
 //! The bench stages take the prompt and generation lengths from `HAYAI_BENCH_PROMPT` and
@@ -112,22 +113,30 @@ fn parity_verdict(
     }
 }
 
-/// (passed, line) of the streamed step with `quant` on `m` (`prompt`, then 300 greedy steps) held
-/// to 1e-4 (see `parity_verdict`), with graph replay and with eager launches.
+/// The streamed step's options for `quant`, W4A8 where `int8` (int4 only).
+fn streamed(quant: Quant, int8: bool) -> CudaOptions {
+    CudaOptions {
+        streamed_step: true,
+        int8_activations: int8,
+        ..opts(quant, false)
+    }
+}
+
+/// (passed, line) of the streamed step `base` (`streamed`) on `m` (`prompt`, then 300 greedy
+/// steps) held to 1e-4 (see `parity_verdict`), with graph replay and with eager launches.
 fn streamed_parity(
     m: &hayai_model::Model,
     prompt: &[u32],
-    quant: Quant,
+    base: &CudaOptions,
     label: &str,
 ) -> Vec<(bool, String)> {
     [true, false]
         .into_iter()
         .map(|use_graph| {
             let o = CudaOptions {
-                streamed_step: true,
                 use_graph,
                 batched_prefill: false,
-                ..opts(quant, false)
+                ..base.clone()
             };
             parity_verdict(
                 parity(m, &o, prompt, 300),
@@ -262,9 +271,8 @@ fn main() {
         // model where it sat 9.8e-4 from its twin (docs/performance.md, eleventh session).
         let (m, p) = stream_model(Arch::Gemma3, 2);
         let o = CudaOptions {
-            streamed_step: true,
             batched_prefill: false,
-            ..opts(Quant::Int4, false)
+            ..streamed(Quant::Int4, true)
         };
         let (ok, line) = parity_verdict(parity(&m, &o, &p, 300), 1e-4, "streamed ".into());
         check("small-gemma3", ok, line);
@@ -279,10 +287,7 @@ fn main() {
             int8_activations: true,
             ..opts(Quant::Int4, false)
         };
-        let b = CudaOptions {
-            streamed_step: true,
-            ..opts(Quant::Int4, false)
-        };
+        let b = streamed(Quant::Int4, true);
         for (prompt, token) in [(&p[..0], p[0]), (&p[..31], p[31])] {
             match hayai_cuda::check::op_outputs_compare(&m, &a, &b, prompt, token) {
                 Ok(rows) => {
@@ -324,17 +329,67 @@ fn main() {
                 "launch plan W4A8, run-time-head-dim attention ".into(),
             );
             println!("[INFO] {name} (vocab 1,024): {line}");
-            for (ok, line) in streamed_parity(&m, &p, Quant::Int4, "streamed ") {
+            for (ok, line) in streamed_parity(&m, &p, &streamed(Quant::Int4, true), "streamed ") {
                 check(name, ok, line);
             }
         }
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let o = CudaOptions {
-            streamed_step: true,
-            ..opts(Quant::Int4, false)
-        };
+        let o = streamed(Quant::Int4, true);
         let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "streamed ");
+        check("e4b", ok, line);
+    }
+    if want("stream-w4") {
+        // The streamed step with int4 weights times x as a bf16 pair on the tensor cores
+        // (W4A16) against the CPU reference that rounds its matrix inputs the same way
+        // (MatmulInputs::Bf16Pair), as the launch plan's `tc` stage; graph replay and eager
+        // launch; then one decode step operation by operation against the launch plan's int4
+        // (`gemv_mma`, the same products) on the small Gemma 3.
+        for (name, arch, seed) in [
+            ("small-gemma4", Arch::Gemma4, 1),
+            ("small-gemma3", Arch::Gemma3, 2),
+        ] {
+            let (m, p) = stream_model(arch, seed);
+            for (ok, line) in
+                streamed_parity(&m, &p, &streamed(Quant::Int4, false), "streamed W4A16 ")
+            {
+                check(name, ok, line);
+            }
+        }
+        let (m, p) = stream_model(Arch::Gemma3, 2);
+        let a = opts(Quant::Int4, false);
+        let b = streamed(Quant::Int4, false);
+        match hayai_cuda::check::op_outputs_compare(&m, &a, &b, &p[..31], p[31]) {
+            Ok(rows) => {
+                let worst = rows.iter().map(|r| r.1).fold(0.0f64, f64::max);
+                println!("int4 after 31 tokens: operation, rel L2 streamed W4A16 vs launch plan, max |launch plan|");
+                for (i, (label, rel, max)) in rows.iter().enumerate() {
+                    if i < 12 || *rel > 1e-5 {
+                        println!("  {i:3} {label:16} {rel:.2e} {max:.3e}");
+                    }
+                }
+                check(
+                    "small-gemma3",
+                    worst < 1e-4,
+                    format!("int4 W4A16 operations: worst rel L2 {worst:.2e} (bound 1e-4)"),
+                );
+            }
+            Err(e) => check(
+                "small-gemma3",
+                false,
+                format!("int4 W4A16 operation outputs: {e}"),
+            ),
+        }
+        let m = random_model_bf16(&e4b_spec(), 7);
+        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+        let (ok, line) = check_parity(
+            &m,
+            &streamed(Quant::Int4, false),
+            &p,
+            8,
+            1e-3,
+            "streamed W4A16 ",
+        );
         check("e4b", ok, line);
     }
     if want("stream-bf16") {
@@ -347,16 +402,15 @@ fn main() {
             ("small-gemma3", Arch::Gemma3, 2),
         ] {
             let (m, p) = stream_model(arch, seed);
-            for (ok, line) in streamed_parity(&m, &p, Quant::Bf16, "streamed bf16 ") {
+            for (ok, line) in
+                streamed_parity(&m, &p, &streamed(Quant::Bf16, false), "streamed bf16 ")
+            {
                 check(name, ok, line);
             }
         }
         let (m, p) = stream_model(Arch::Gemma3, 2);
         let a = opts(Quant::Bf16, false);
-        let b = CudaOptions {
-            streamed_step: true,
-            ..opts(Quant::Bf16, false)
-        };
+        let b = streamed(Quant::Bf16, false);
         match hayai_cuda::check::op_outputs_compare(&m, &a, &b, &p[..31], p[31]) {
             Ok(rows) => {
                 let worst = rows.iter().map(|r| r.1).fold(0.0f64, f64::max);
@@ -381,10 +435,7 @@ fn main() {
         }
         let m = random_model_bf16(&e4b_spec(), 7);
         let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let o = CudaOptions {
-            streamed_step: true,
-            ..opts(Quant::Bf16, false)
-        };
+        let o = streamed(Quant::Bf16, false);
         let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "streamed bf16 ");
         check("e4b", ok, line);
     }
@@ -887,16 +938,13 @@ fn main() {
         });
     }
     if want("bench-stream") {
-        runs.push(CudaOptions {
-            streamed_step: true,
-            ..opts(Quant::Int4, false)
-        });
+        runs.push(streamed(Quant::Int4, true));
+    }
+    if want("bench-stream-w4") {
+        runs.push(streamed(Quant::Int4, false));
     }
     if want("bench-stream-bf16") {
-        runs.push(CudaOptions {
-            streamed_step: true,
-            ..opts(Quant::Bf16, false)
-        });
+        runs.push(streamed(Quant::Bf16, false));
     }
     if want("bench-single") {
         for quant in [Quant::Int4, Quant::Bf16] {

@@ -318,7 +318,7 @@ pub fn prefill_parity(
 fn decode_matmul_inputs(opts: &CudaOptions) -> MatmulInputs {
     if opts.uses_int8_activations() {
         MatmulInputs::Int8 { group: 128 }
-    } else if opts.uses_tensor_cores() {
+    } else if opts.uses_bf16_pair_inputs() {
         MatmulInputs::Bf16Pair
     } else {
         MatmulInputs::F32
@@ -333,9 +333,11 @@ fn decode_matmul_inputs(opts: &CudaOptions) -> MatmulInputs {
 fn set_decode_twin(cpu: &mut CpuRunner, model: &Model, opts: &CudaOptions) {
     let inputs = decode_matmul_inputs(opts);
     cpu.set_matmul_inputs(inputs);
-    let fused = opts.streamed_step && crate::runner::ple_fused_wanted(&model.spec);
+    // (The PLE forms run in the W4A8 streamed step only.)
+    let a8_stream = opts.streamed_step && opts.uses_int8_activations();
+    let fused = a8_stream && crate::runner::ple_fused_wanted(&model.spec);
     cpu.set_ple_projection_inputs(fused.then(|| inputs.ple_projection()));
-    cpu.set_ple_gate_split(opts.streamed_step && crate::runner::ple_split_wanted(&model.spec));
+    cpu.set_ple_gate_split(a8_stream && crate::runner::ple_split_wanted(&model.spec));
 }
 
 /// Feed `prompt` to both backends comparing every logit row, then run `steps` greedy steps on
@@ -360,7 +362,7 @@ pub fn parity(
     )?;
     let mut cpu = CpuRunner::new(reference.clone())?;
     let int8 = opts.uses_int8_activations();
-    let tc = opts.uses_tensor_cores();
+    let tc = opts.uses_bf16_pair_inputs();
     set_decode_twin(&mut cpu, model, opts);
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;

@@ -98,6 +98,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("decode_stream_r2", false),
     ("decode_stream_w16_r5", false),
     ("decode_stream_w16_r2", false),
+    ("decode_stream_w4_r10", false),
+    ("decode_stream_w4_r2", false),
 ];
 
 impl Gpu {

@@ -268,14 +268,14 @@ fn real_gemma3_270m_single_kernel_step_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn real_gemma3_270m_streamed_step_matches_cpu() {
-    for r in real_270m_streamed(Quant::Int4) {
+    for r in real_270m_streamed(Quant::Int4, true) {
         assert!(r.agrees(1e-4), "{}", r.line());
     }
 }
 
 /// The streamed step with `quant` on the real Gemma 3 270M against its CPU reference (256
 /// greedy steps), with graph replay and with eager launches.
-fn real_270m_streamed(quant: Quant) -> Vec<hayai_cuda::check::ParityReport> {
+fn real_270m_streamed(quant: Quant, int8: bool) -> Vec<hayai_cuda::check::ParityReport> {
     require_gpu();
     let m = real_270m();
     let p = REAL_PROMPT;
@@ -284,6 +284,7 @@ fn real_270m_streamed(quant: Quant) -> Vec<hayai_cuda::check::ParityReport> {
         .map(|use_graph| {
             let o = CudaOptions {
                 streamed_step: true,
+                int8_activations: int8,
                 use_graph,
                 batched_prefill: false,
                 ..opts(quant, false)
@@ -304,7 +305,19 @@ fn real_270m_streamed(quant: Quant) -> Vec<hayai_cuda::check::ParityReport> {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn real_gemma3_270m_streamed_step_bf16_matches_cpu() {
-    for r in real_270m_streamed(Quant::Bf16) {
+    for r in real_270m_streamed(Quant::Bf16, false) {
+        assert!(r.rel_l2 < 1e-3, "{}", r.line());
+        assert!(r.greedy_identical(), "{}", r.line());
+    }
+}
+
+/// On a GPU: the streamed step in int4 without int8 activations (int4 weights times x as a bf16
+/// pair on the tensor cores, W4A16: the launch plan's int4 arithmetic) on the real Gemma 3 270M
+/// against the CPU reference, graph replay and eager launches, held as the launch plan's int4 is.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn real_gemma3_270m_streamed_step_w4a16_matches_cpu() {
+    for r in real_270m_streamed(Quant::Int4, false) {
         assert!(r.rel_l2 < 1e-3, "{}", r.line());
         assert!(r.greedy_identical(), "{}", r.line());
     }

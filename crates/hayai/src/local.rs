@@ -83,8 +83,8 @@ pub enum Quant {
     Bf16,
     /// int4 group-128, symmetric, bf16 scales (RTN at load).
     Int4,
-    /// `int4`'s weights, the inputs of their products rounded to int8 per 128 columns (W4A8, the
-    /// streamed step's arithmetic; `int4` is W4A16).
+    /// `int4`'s weights, the inputs of their products rounded to int8 per 128 columns (W4A8;
+    /// `int4` is W4A16).
     #[value(name = "int4-a8")]
     Int4A8,
 }
@@ -725,8 +725,9 @@ pub struct GpuVariantArgs {
     /// memory, grid-wide barriers between operations).
     #[arg(long)]
     pub single_kernel: bool,
-    /// The decode step as the streamed step (`--quant int4-a8` or bf16; one block per SM, the
-    /// GEMV weights streamed per SM through a shared-memory ring; docs/streamed-step.md).
+    /// The decode step as the streamed step (one block per SM, the GEMV weights streamed per SM
+    /// through a shared-memory ring; docs/streamed-step.md), in the format's arithmetic: int4
+    /// W4A16 (x as a bf16 pair on the tensor cores), int4-a8 W4A8, bf16.
     #[arg(long)]
     pub streamed_step: bool,
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.

@@ -28,11 +28,6 @@ fn cuda_quant(q: Quant) -> hayai_cuda::Quant {
 /// never a kernel variant's: int8 activations (W4A8) come with `--quant int4-a8` and only with it.
 pub fn cuda_options(args: &ModelArgs) -> Result<hayai_cuda::CudaOptions> {
     let a8 = args.quant == Quant::Int4A8;
-    if args.variant.streamed_step && args.quant == Quant::Int4 {
-        anyhow::bail!(
-            "the streamed step multiplies int4 weights with int8 activations (W4A8, another arithmetic than int4's): use --quant int4-a8 (or --quant bf16)"
-        );
-    }
     let opts = args.variant.apply(hayai_cuda::CudaOptions {
         quant: cuda_quant(args.quant),
         int8_activations: a8,

@@ -261,18 +261,18 @@ fn malformed_inputs_fail_clearly() {
     // Every in-process command takes the variants (e.g. `ppl --streamed-step`), CUDA only.
     let out = gen1(&["--device", "cpu", "--streamed-step"]);
     fails_with(&out, "CUDA backend only");
-    // The arithmetic is the format's: the streamed step's int4 is W4A8, so int4 needs --quant
-    // int4-a8 (checked before any GPU is looked for), and int4-a8 fixes the CPU's
-    // matrix-product inputs.
-    let out = gen1(&["--device", "cuda", "--quant", "int4", "--streamed-step"]);
-    fails_with(&out, "--quant int4-a8");
-    // bf16 has a streamed step: past that check (here it ends without a GPU, or runs on one).
-    let out = gen1(&["--device", "cuda", "--quant", "bf16", "--streamed-step"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !err.contains("--quant int4-a8") && !err.contains("panicked"),
-        "{err}"
-    );
+    // The arithmetic is the format's: every quantization has a streamed step of its own
+    // arithmetic (int4: W4A16, int4-a8: W4A8, bf16), so each passes the options' checks (here it
+    // ends without a GPU, or runs on one).
+    for q in ["int4", "int4-a8", "bf16"] {
+        let out = gen1(&["--device", "cuda", "--quant", q, "--streamed-step"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("--quant") && !err.contains("panicked"),
+            "{q}: {err}"
+        );
+    }
+    // int4-a8 fixes the CPU's matrix-product inputs.
     // The one-launch PLE pair has no int8 activations (also before any GPU is looked for).
     let out = gen1(&["--device", "cuda", "--quant", "int4-a8", "--fuse-ple"]);
     fails_with(&out, "--fuse-ple");

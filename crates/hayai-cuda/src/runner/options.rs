@@ -111,10 +111,11 @@ pub struct CudaOptions {
     /// out per SM at load, a second copy of the weights) into a shared-memory ring while its
     /// consumer warps run the single-kernel step's operations (attention its own way: by KV head,
     /// keys staged before the wait), each waiting for every SM to finish the one before. int4
-    /// with int8 activations (W4A8, as [`CudaOptions::int8_activations`]), or bf16 weights
-    /// times float activations on the CUDA cores (the CPU reference's arithmetic in another
-    /// summation order); its K splits are the stream layout's. Off by default
-    /// (docs/performance.md).
+    /// with int8 activations (W4A8, with [`CudaOptions::int8_activations`]), int4 times x as a
+    /// bf16 pair on the tensor cores (W4A16, the launch plan's tensor-core arithmetic, without
+    /// it), or bf16 weights times float activations on the CUDA cores (the CPU reference's
+    /// arithmetic in another summation order); its K splits are the stream layout's. Off by
+    /// default (docs/performance.md).
     pub streamed_step: bool,
     /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
     /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so
@@ -199,8 +200,19 @@ impl CudaOptions {
     /// else `gemv_a8`).
     pub fn uses_int8_activations(&self) -> bool {
         self.quant == Quant::Int4
-            && (self.streamed_step
-                || self.int8_activations && !(self.persistent_gemv || self.single_kernel))
+            && self.int8_activations
+            && !(self.persistent_gemv || self.single_kernel)
+    }
+
+    /// Whether the int4 decode GEMVs take x as a bf16 pair (value and remainder) on the tensor
+    /// cores: the launch plan's `gemv_mma`, or the streamed step without int8 activations
+    /// (unless built to take x as a 23-bit fixed point, `-DSS_W4_FIXED=1`).
+    pub fn uses_bf16_pair_inputs(&self) -> bool {
+        !self.uses_int8_activations()
+            && (self.uses_tensor_cores()
+                || self.streamed_step
+                    && self.quant == Quant::Int4
+                    && !crate::runner::w4_fixed_point())
     }
 
     /// A combination of options the decode step cannot run as asked, in words (None: none).
@@ -219,8 +231,12 @@ impl CudaOptions {
     pub fn gemv_name(&self) -> &'static str {
         if self.streamed_step && self.quant == Quant::Bf16 {
             "streamed step (bf16 weights, float activations)"
-        } else if self.streamed_step {
+        } else if self.streamed_step && self.uses_int8_activations() {
             "streamed step (W4A8, integer mma)"
+        } else if self.streamed_step && self.quant == Quant::Int4 && !self.uses_bf16_pair_inputs() {
+            "streamed step (int4 weights, 23-bit fixed-point activations, integer mma)"
+        } else if self.streamed_step {
+            "streamed step (int4 weights, bf16-pair activations, tensor cores)"
         } else if self.single_kernel {
             "single-kernel step"
         } else if self.persistent_gemv {

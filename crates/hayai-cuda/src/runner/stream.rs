@@ -11,13 +11,18 @@ use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
 /// The same for bf16 weights (`decode_stream_w16_r{N}`: 32-KB chunks of bf16 cells).
 const RINGS_W16: [(usize, &str); 2] = [(5, "decode_stream_w16_r5"), (2, "decode_stream_w16_r2")];
+/// The same for int4 weights times a bf16-pair x (`decode_stream_w4_r{N}`: int4's cells and
+/// chunks, W4A16).
+const RINGS_W4: [(usize, &str); 2] = [(10, "decode_stream_w4_r10"), (2, "decode_stream_w4_r2")];
 
-/// The streamed step's ring depths and chunk bytes for `quant` (int4: W4A8 cells; bf16: bf16
-/// cells multiplying float activations).
-fn stream_rings(quant: Quant) -> (&'static [(usize, &'static str)], usize) {
-    match quant {
-        Quant::Int4 => (&RINGS, STREAM_CHUNK_BYTES),
-        Quant::Bf16 => (&RINGS_W16, STREAM_W16_CHUNK_BYTES),
+/// The streamed step's ring depths and chunk bytes for `quant` (int4 with `int8` activations:
+/// W4A8 cells; int4 without: the same cells times x as a bf16 pair on the tensor cores; bf16:
+/// bf16 cells multiplying float activations).
+fn stream_rings(quant: Quant, int8: bool) -> (&'static [(usize, &'static str)], usize) {
+    match (quant, int8) {
+        (Quant::Int4, true) => (&RINGS, STREAM_CHUNK_BYTES),
+        (Quant::Int4, false) => (&RINGS_W4, STREAM_CHUNK_BYTES),
+        (Quant::Bf16, _) => (&RINGS_W16, STREAM_W16_CHUNK_BYTES),
     }
 }
 
@@ -26,10 +31,12 @@ impl CudaRunner {
     /// input (or three attention items' scratch) and the int8 fragments.
     pub(super) fn stream_config(&self, max_cols: usize) -> Result<StepConfig, CudaError> {
         let spec = &self.model.spec;
-        let (rings, chunk) = stream_rings(self.quant);
-        if self.quant == Quant::Bf16 && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1)) {
+        let (rings, chunk) = stream_rings(self.quant, self.int8_act);
+        if !(self.quant == Quant::Int4 && self.int8_act)
+            && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1))
+        {
             return Err(CudaError::Unsupported(
-                "streamed step: a build with the fused or split PLE forms has no bf16 kernels"
+                "streamed step: a build with the fused or split PLE forms has only W4A8 kernels (--quant int4-a8)"
                     .into(),
             ));
         }
@@ -100,10 +107,10 @@ impl CudaRunner {
                 )));
             }
         }
-        // (A bf16 step has neither: `stream_config` refused such builds.)
-        let int4 = self.quant == Quant::Int4;
-        let fused = int4 && ple_fused_wanted(&self.model.spec);
-        let split = int4 && ple_split_wanted(&self.model.spec);
+        // (W4A8 only: `stream_config` refused such builds for the other formats.)
+        let a8 = self.quant == Quant::Int4 && self.int8_act;
+        let fused = a8 && ple_fused_wanted(&self.model.spec);
+        let split = a8 && ple_split_wanted(&self.model.spec);
         let form = if fused {
             PleForm::Fused
         } else if split {
@@ -475,6 +482,12 @@ fn ple_form_wanted(spec: &hayai_model::ModelSpec, (var, define, _): (&str, &str,
 }
 
 /// Whether the kernels were built with this `HAYAI_CUDA_DEFINES` entry.
+/// Whether the W4 streamed kernels take x as a 23-bit fixed point in three int8 digits (a
+/// measurement build, `-DSS_W4_FIXED=1`) instead of a bf16 pair.
+pub(crate) fn w4_fixed_point() -> bool {
+    built_with("-DSS_W4_FIXED=1")
+}
+
 fn built_with(define: &str) -> bool {
     option_env!("HAYAI_CUDA_DEFINES_BUILT")
         .unwrap_or("")
@@ -948,8 +961,15 @@ mod tests {
 
     #[test]
     fn each_format_has_its_rings_deepest_first_and_loaded() {
-        for (quant, cell) in [(Quant::Int4, 1056), (Quant::Bf16, 2048)] {
-            let (rings, chunk) = stream_rings(quant);
+        let mut names = Vec::new();
+        for (quant, int8, cell) in [
+            (Quant::Int4, true, 1056),
+            (Quant::Int4, false, 1056),
+            (Quant::Bf16, false, 2048),
+            (Quant::Bf16, true, 2048),
+        ] {
+            let (rings, chunk) = stream_rings(quant, int8);
+            names.extend(rings.iter().map(|r| r.1));
             assert_eq!(chunk, 16 * cell, "{quant:?}");
             assert!(rings.windows(2).all(|w| w[0].0 > w[1].0), "{quant:?}");
             for (n, k) in rings {
@@ -960,6 +980,10 @@ mod tests {
                 );
             }
         }
+        // Each format its own kernels (bf16 has one whatever `int8` says).
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 6, "{names:?}");
         // The E4B bf16 ring and input areas fit the H200's 227 KB of shared memory.
         let e4b = crate::synth::e4b_spec();
         let x = stream_x_floats(&e4b, 10240).unwrap();
