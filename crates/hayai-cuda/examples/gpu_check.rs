@@ -340,11 +340,11 @@ fn main() {
         check("e4b", ok, line);
     }
     if want("stream-w4") {
-        // The streamed step with int4 weights times x as a bf16 pair on the tensor cores
-        // (W4A16) against the CPU reference that rounds its matrix inputs the same way
-        // (MatmulInputs::Bf16Pair), as the launch plan's `tc` stage; graph replay and eager
+        // The streamed step with int4 weights times x as a 23-bit fixed point per 128 columns
+        // on the integer tensor cores (W4A16) against the f32 CPU reference (each x within
+        // 2^-22 of its group's largest |x|: held to the plain tolerance); graph replay and eager
         // launch; then one decode step operation by operation against the launch plan's int4
-        // (`gemv_mma`, the same products) on the small Gemma 3.
+        // (`gemv_mma`, x as a bf16 pair) on the small Gemma 3.
         for (name, arch, seed) in [
             ("small-gemma4", Arch::Gemma4, 1),
             ("small-gemma3", Arch::Gemma3, 2),

@@ -107,16 +107,6 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-// The nibbles at bits 0-3 and 16-19 of `w` (e.g. nibbles k and k + 4 of a word shifted right by
-// 4k) as a bf16x2 of q = nibble - 8, the first in the low half: (w & 0x000F000F) | 0x43004300 is
-// bf16 (128 + nibble) twice, exact, and subtracting 136 leaves q, exact.
-__device__ __forceinline__ uint32_t gmma_pair(uint32_t w, uint32_t magic) {
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(0x000F000Fu), "r"(magic));
-    const __nv_bfloat162 q = __hsub2(*(const __nv_bfloat162*)&d, __floats2bfloat162_rn(136.f, 136.f));
-    return *(const uint32_t*)&q;
-}
-
 // D += A B on tensor cores, m16n8k16, bf16 inputs, f32 accumulators (sm_80+). Fragments as the
 // PTX ISA lays them out: lane = 4 g + c holds A rows g, g + 8 and k pairs 2c, 2c + 8; B k pairs
 // 2c, 2c + 8 of column g; D rows g, g + 8 and columns 2c, 2c + 1.

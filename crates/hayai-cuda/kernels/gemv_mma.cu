@@ -47,6 +47,16 @@ __device__ void gemv_mma_fragments(const float* xs, uint2* fr, int g0, int g1) {
     }
 }
 
+// The nibbles at bits 0-3 and 16-19 of `w` (nibbles k and k + 4 of a word shifted right by 4k)
+// as a bf16x2 of q = nibble - 8, the first in the low half: (w & 0x000F000F) | 0x43004300 is
+// bf16 (128 + nibble) twice, exact, and subtracting 136 leaves q, exact.
+__device__ __forceinline__ uint32_t gmma_pair(uint32_t w, uint32_t magic) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(0x000F000Fu), "r"(magic));
+    const __nv_bfloat162 q = __hsub2(*(const __nv_bfloat162*)&d, __floats2bfloat162_rn(136.f, 136.f));
+    return *(const uint32_t*)&q;
+}
+
 // One group's products of a warp's 16 rows: (row g, row g + 8) sums of lane (g, c = 0), hi and
 // lo columns added; `ca`/`cb` are this lane's 16 bytes of rows g and g + 8, `f` the group's B
 // fragments for this lane.

@@ -44,17 +44,12 @@
 // for bf16: 16 cells a chunk against 8, docs/performance.md, tenth session).
 #define SS_W16_U4 (2048 / 16)
 // The cell formats a kernel is compiled for (stream_body's FMT): int4 cells times int8 x (W4A8,
-// --quant int4-a8), bf16 cells times float x (--quant bf16), int4 cells times x as a bf16 pair on
-// the tensor cores (W4A16, --quant int4: the launch plan's gemv_mma arithmetic).
+// --quant int4-a8), bf16 cells times float x (--quant bf16), int4 cells times x as a 23-bit fixed
+// point per 128 columns on the integer tensor cores (W4A16, --quant int4: each x within 2^-22 of
+// its group's largest |x|; docs/decisions.md).
 #define SS_FMT_A8 0
 #define SS_FMT_W16 1
 #define SS_FMT_W4 2
-// SS_W4_FIXED (a measurement build, default 0): the W4 kernels take x as a 23-bit fixed point per
-// 128 columns (a power-of-two scale) in three int8 digits, the three B columns of the W4A8 cell's
-// integer mma, instead of a bf16 pair on the bf16 mma (ss_cell4).
-#ifndef SS_W4_FIXED
-#define SS_W4_FIXED 0
-#endif
 #define SS_CH 16                        // cells per ring chunk
 #define SS_MAXG 96                      // input groups: K <= 12,288
 #define SS_BAR 4                        // the consumers' named barrier (attention groups take 1-3)
@@ -368,39 +363,9 @@ __device__ __forceinline__ void ss_cell16(const uint4* cp, const float* xw, int 
     }
 }
 
-// One int4 cell times x as a bf16 pair (the W4 kernels): the W4A8 cell's bytes (ss_cell), each
-// word j of lane (g, c) one m16n8k16 A fragment: bits 0-3 and 16-19 (gmma_pair) are row g at
-// columns 16 j + 4 c and + 2, >> 4 the same of row g + 8, >> 8 and >> 12 columns + 1 and + 3, so
-// the mma's k pairs (2c, 2c + 1) and (2c + 8, 2c + 9) stand for columns (4c, 4c + 2) and (4c + 1,
-// 4c + 3); xb: this lane's B entries of the group's first 16 columns (ss_b_table: hi in the even
-// B columns, lo in the odd), 8 uint2 a block. Every lane's D columns 2c, 2c + 1 are a hi and a lo
-// sum, so every lane holds its rows' whole products (no quad sums). The nibbles' 128 + q - 136 is
-// exact, as gemv_mma's: the same products as the launch plan's int4 GEMVs in another order.
-#if !SS_W4_FIXED
-__device__ __forceinline__ void ss_cell4(const uint4* cp, const uint2* xb, int, float, int lane, float& acc_a,
-                                         float& acc_b) {
-    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
-    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    const uint16_t* sc = (const uint16_t*)(cp + 64);
-    const int g = lane >> 2;
-    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
-    const uint32_t magic = 0x43004300u;
-    float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const uint32_t w = ws[j];
-        const uint32_t a[4] = {gmma_pair(w, magic), gmma_pair(w >> 4, magic), gmma_pair(w >> 8, magic),
-                               gmma_pair(w >> 12, magic)};
-        const uint2 bv = xb[8 * j];
-        const uint32_t b[2] = {bv.x, bv.y};
-        mma_bf16(d[j & 1], a, b);
-    }
-    acc_a = fmaf((d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), sa, acc_a);
-    acc_b = fmaf((d[0][2] + d[0][3]) + (d[1][2] + d[1][3]), sb, acc_b);
-}
-#else
-// SS_W4_FIXED: the W4A8 cell's integer mma (ss_cell's other branch) with B columns 0, 1, 2 the
-// group's three digits of x_q = x / xsc (x_q = d0 + 256 d1 + 65536 d2, balanced int8 digits,
+// One int4 cell times x as a 23-bit fixed point per 128 columns (the W4 kernels, --quant int4:
+// W4A16): the W4A8 cell's bytes on its integer mma (ss_cell's other branch), B columns 0, 1, 2
+// the group's three digits of x_q = x / xsc (x_q = d0 + 256 d1 + 65536 d2, balanced int8 digits,
 // |x_q| <= 2^22; ss_x_digits), every integer sum exact: lane c = 0 takes columns 0 and 1
 // (digits 0, 1) less 8 times the low 16 bits of the group's sum of x_q (the nibbles' +8),
 // lane c = 1 column 2 less 8 times the rest, times 65536; lanes c = 2, 3 nothing; the quad's
@@ -436,29 +401,6 @@ __device__ __forceinline__ void ss_cell4(const uint4* cp, const uint2* xb, int x
     acc_a = fmaf(fa, sa * xsc, acc_a);
     acc_b = fmaf(fb, sb * xsc, acc_b);
 }
-#endif
-
-// The W4 kernels' input: groups g0 .. g1 of the prologue's float x turned in place into ss_cell4's
-// B entries, a warp a group (512 bytes either way): lane l's 4 columns 16 j + 4 c + i (j = l / 4,
-// c = l % 4) as hi = bf16(x), lo = bf16(x - hi) (gemv_mma_fragments' split), stored at block j as
-// (i 0, 2), (i 1, 3): hi at uint2 8 j + c, lo at 8 j + 4 + c.
-__device__ __forceinline__ void ss_b_table(float* xs, int g0, int g1, int warp, int lane) {
-    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
-        const float4 v4 = ((const float4*)(xs + grp * 128))[lane];
-        __syncwarp();
-        const float v[4] = {v4.x, v4.y, v4.z, v4.w};
-        uint32_t hi[4], lo[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const __nv_bfloat16 h = __float2bfloat16_rn(v[i]);
-            hi[i] = __bfloat16_as_ushort(h);
-            lo[i] = f32_to_bf16_bits(v[i] - __bfloat162float(h));
-        }
-        uint2* t = (uint2*)(xs + grp * 128) + 8 * (lane >> 2) + (lane & 3);
-        t[0] = make_uint2(hi[0] | hi[2] << 16, hi[1] | hi[3] << 16);
-        t[4] = make_uint2(lo[0] | lo[2] << 16, lo[1] | lo[3] << 16);
-    }
-}
 
 struct SsPass {
     int np, kw, rounds;
@@ -490,8 +432,7 @@ struct SsShared {
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
 };
 
-#if SS_W4_FIXED
-// SS_W4_FIXED's input: groups g0 .. g1 of the prologue's float x, a warp a group, as x_q =
+// The W4 kernels' input: groups g0 .. g1 of the prologue's float x, a warp a group, as x_q =
 // rint(x / xsc) with xsc = 2^(e - 22), 2^e > max |x| the group's (so |x_q| <= 2^22, every
 // product by xsc exact), in balanced int8 digits x_q = d0 + 256 d1 + 65536 d2, each digit's 128
 // bytes in ss_store_group's B order at byte SS_DIG j of the group's 512 (in place of its floats;
@@ -529,7 +470,6 @@ __device__ __forceinline__ void ss_x_digits(float* xs, SsShared& sm, int g0, int
         }
     }
 }
-#endif
 
 // Where a lane reads input group grp's B entries for ss_cell (in ss_gemv: xf, sm, lane): the mma
 // takes x from lanes 0-3 (B's column 0) and zeros elsewhere; the dp4a cell (SS_CELL_DP4A) every
@@ -688,8 +628,8 @@ __device__ __forceinline__ void ss_split_prologue(const GemvParams& g, const Ple
 // operation, run once a layer, ran about twice as slow in every phase (instruction fetches
 // missing; docs/performance.md, twenty-fifth session).
 // FMT (SS_FMT_*): A8 int4 cells times int8 x (ss_cell); W16 bf16 cells (64 columns a group,
-// ss_cell16) multiplying the prologue's float x in place; W4 int4 cells times x as a bf16 pair
-// (ss_cell4, the input turned into B entries in place by ss_b_table).
+// ss_cell16) multiplying the prologue's float x in place; W4 int4 cells times x as a 23-bit
+// fixed point (ss_cell4, the input turned into int8 digits in place by ss_x_digits).
 template <int NCH, int FMT = SS_FMT_A8>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH, FMT == SS_FMT_W16 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc, volatile int* hold,
@@ -718,13 +658,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // This lane's columns of a bf16 cell's input (ss_cell16), from group 0.
     const float* xw0 = xs + 2 * (lane & 3);
     (void)xw0;
-    // This lane's B entries of an int4 cell's input (ss_cell4), from group 0: 64 uint2 a group
-    // (SS_W4_FIXED: B column n < 3 digit n's, the others anything).
-#if SS_W4_FIXED
+    // This lane's B entries of an int4 cell's input (ss_cell4), from group 0: 64 uint2 a group,
+    // B column n < 3 digit n's (the other columns' sums are not used: any digit's).
     const uint2* xb4 = (const uint2*)xs + SS_DIG / 8 * ((lane >> 2) < 3 ? (lane >> 2) : 0) + (lane & 3);
-#else
-    const uint2* xb4 = (const uint2*)xs + 4 * ((lane >> 2) & 1) + (lane & 3);
-#endif
     (void)xb4;
 #if SS_PLE_SPLIT
     // gate/up's tiles from a_tile on are the PLE gate's (splits 1): their input is h_mid before
@@ -743,11 +679,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2. (bf16 cells take x as the prologue left it.)
     if constexpr (W4) {
-#if SS_W4_FIXED
         ss_x_digits(xs, sm, g0, g1, warp, lane);
-#else
-        ss_b_table(xs, g0, g1, warp, lane);
-#endif
         ConsumerThreads{}.sync();
     } else if constexpr (!W16) {
         for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
@@ -865,9 +797,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                                 acc_a, acc_b);
                 }
             }
-            // The quad's lanes' sums of its rows (ss_cell by dp4a, ss_cell16, SS_W4_FIXED's
-            // ss_cell4; the bf16-pair ss_cell4's lanes each hold the whole).
-            if ((SS_CELL_DP4A && FMT == SS_FMT_A8) || W16 || (W4 && SS_W4_FIXED)) {
+            // The quad's lanes' sums of its rows (ss_cell by dp4a, ss_cell16, ss_cell4).
+            if ((SS_CELL_DP4A && FMT == SS_FMT_A8) || W16 || W4) {
                 acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 1);
                 acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 1);
                 acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 2);
@@ -1850,7 +1781,7 @@ extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_r2(con
     stream_body<2>(P);
 }
 // bf16 weights (--quant bf16): 5 chunks of 32 KB where the shared memory allows, else 2; int4
-// weights times a bf16-pair x (--quant int4): int4's rings. (Not in the fused or split PLE
+// weights times a fixed-point x (--quant int4): int4's rings. (Not in the fused or split PLE
 // measurement builds, whose host refuses these streamed steps.)
 #if !SS_PLE_FUSED && !SS_PLE_SPLIT
 #define SS_W16_BODY(n) stream_body<n, SS_FMT_W16>(P)

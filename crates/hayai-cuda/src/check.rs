@@ -314,11 +314,12 @@ pub fn prefill_parity(
 
 /// How the CPU twin rounds its matrix inputs to compute what the decode GEMVs of `opts` compute:
 /// int8 activations (one scale per 128 columns; integer sums on either int8 path, so no
-/// tensor-core accumulation error), x as a bf16 pair (tensor cores), or f32.
+/// tensor-core accumulation error), x as a bf16 pair (tensor cores), or f32 (also the streamed
+/// step's int4 without int8 activations: x as a 23-bit fixed point per 128 columns, integer sums).
 fn decode_matmul_inputs(opts: &CudaOptions) -> MatmulInputs {
     if opts.uses_int8_activations() {
         MatmulInputs::Int8 { group: 128 }
-    } else if opts.uses_bf16_pair_inputs() {
+    } else if opts.uses_tensor_cores() {
         MatmulInputs::Bf16Pair
     } else {
         MatmulInputs::F32
@@ -362,7 +363,7 @@ pub fn parity(
     )?;
     let mut cpu = CpuRunner::new(reference.clone())?;
     let int8 = opts.uses_int8_activations();
-    let tc = opts.uses_bf16_pair_inputs();
+    let tc = opts.uses_tensor_cores();
     set_decode_twin(&mut cpu, model, opts);
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;

@@ -28,7 +28,7 @@ pub use opbench::OpTime;
 pub use options::{CudaOptions, Quant, RING_SLACK};
 pub use prefill::PREFILL_CHUNK;
 use shapes::*;
-pub(crate) use stream::{ple_fused_wanted, ple_split_wanted, w4_fixed_point};
+pub(crate) use stream::{ple_fused_wanted, ple_split_wanted};
 
 /// Whether the GPU kernels can run `spec` (checked without touching a GPU): head dims multiples
 /// of 128 up to 512, every projection width a multiple of 32, PLE width a multiple of 32 up to

@@ -311,9 +311,9 @@ fn real_gemma3_270m_streamed_step_bf16_matches_cpu() {
     }
 }
 
-/// On a GPU: the streamed step in int4 without int8 activations (int4 weights times x as a bf16
-/// pair on the tensor cores, W4A16: the launch plan's int4 arithmetic) on the real Gemma 3 270M
-/// against the CPU reference, graph replay and eager launches, held as the launch plan's int4 is.
+/// On a GPU: the streamed step in int4 without int8 activations (int4 weights times x as a 23-bit
+/// fixed point per 128 columns, W4A16) on the real Gemma 3 270M against the CPU reference, graph
+/// replay and eager launches, held as the launch plan's int4 is.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn real_gemma3_270m_streamed_step_w4a16_matches_cpu() {

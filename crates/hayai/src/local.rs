@@ -727,7 +727,7 @@ pub struct GpuVariantArgs {
     pub single_kernel: bool,
     /// The decode step as the streamed step (one block per SM, the GEMV weights streamed per SM
     /// through a shared-memory ring; docs/streamed-step.md), in the format's arithmetic: int4
-    /// W4A16 (x as a bf16 pair on the tensor cores), int4-a8 W4A8, bf16.
+    /// W4A16 (x as a 23-bit fixed point per 128 columns), int4-a8 W4A8, bf16.
     #[arg(long)]
     pub streamed_step: bool,
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.

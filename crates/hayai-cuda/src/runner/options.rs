@@ -112,10 +112,10 @@ pub struct CudaOptions {
     /// consumer warps run the single-kernel step's operations (attention its own way: by KV head,
     /// keys staged before the wait), each waiting for every SM to finish the one before. int4
     /// with int8 activations (W4A8, with [`CudaOptions::int8_activations`]), int4 times x as a
-    /// bf16 pair on the tensor cores (W4A16, the launch plan's tensor-core arithmetic, without
-    /// it), or bf16 weights times float activations on the CUDA cores (the CPU reference's
-    /// arithmetic in another summation order); its K splits are the stream layout's. Off by
-    /// default (docs/performance.md).
+    /// 23-bit fixed point per 128 columns on the integer tensor cores (W4A16, without it: each
+    /// x within 2^-22 of its group's largest |x|), or bf16 weights times float activations on
+    /// the CUDA cores (the CPU reference's arithmetic in another summation order); its K splits
+    /// are the stream layout's. Off by default (docs/performance.md).
     pub streamed_step: bool,
     /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
     /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so
@@ -204,17 +204,6 @@ impl CudaOptions {
             && !(self.persistent_gemv || self.single_kernel)
     }
 
-    /// Whether the int4 decode GEMVs take x as a bf16 pair (value and remainder) on the tensor
-    /// cores: the launch plan's `gemv_mma`, or the streamed step without int8 activations
-    /// (unless built to take x as a 23-bit fixed point, `-DSS_W4_FIXED=1`).
-    pub fn uses_bf16_pair_inputs(&self) -> bool {
-        !self.uses_int8_activations()
-            && (self.uses_tensor_cores()
-                || self.streamed_step
-                    && self.quant == Quant::Int4
-                    && !crate::runner::w4_fixed_point())
-    }
-
     /// A combination of options the decode step cannot run as asked, in words (None: none).
     /// `fuse_ple` runs the PLE gate and projection as `gemv_pair`, which has no int8-activation
     /// form, so with int8 activations those two products would not be what the CPU twin
@@ -233,10 +222,8 @@ impl CudaOptions {
             "streamed step (bf16 weights, float activations)"
         } else if self.streamed_step && self.uses_int8_activations() {
             "streamed step (W4A8, integer mma)"
-        } else if self.streamed_step && self.quant == Quant::Int4 && !self.uses_bf16_pair_inputs() {
-            "streamed step (int4 weights, 23-bit fixed-point activations, integer mma)"
         } else if self.streamed_step {
-            "streamed step (int4 weights, bf16-pair activations, tensor cores)"
+            "streamed step (int4 weights, 23-bit fixed-point activations, integer mma)"
         } else if self.single_kernel {
             "single-kernel step"
         } else if self.persistent_gemv {

@@ -482,12 +482,6 @@ fn ple_form_wanted(spec: &hayai_model::ModelSpec, (var, define, _): (&str, &str,
 }
 
 /// Whether the kernels were built with this `HAYAI_CUDA_DEFINES` entry.
-/// Whether the W4 streamed kernels take x as a 23-bit fixed point in three int8 digits (a
-/// measurement build, `-DSS_W4_FIXED=1`) instead of a bf16 pair.
-pub(crate) fn w4_fixed_point() -> bool {
-    built_with("-DSS_W4_FIXED=1")
-}
-
 fn built_with(define: &str) -> bool {
     option_env!("HAYAI_CUDA_DEFINES_BUILT")
         .unwrap_or("")
