@@ -13,8 +13,8 @@
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
 #         (ppl: the batched prefill's bf16 and int4, then scored one decode step per token: int4
-#         (W4A16) and int4-a8 (W4A8) through the launch plan, int4-a8 through the streamed step,
-#         bf16 through the launch plan and the streamed step; ~8 min);
+#         (W4A16) and int4-a8 (W4A8) through the launch plan and the streamed step, bf16 through
+#         the launch plan and the streamed step; ~90 s each);
 #         ptx: the parity checks with a binary of compute_80 PTX only (the A10G's code paths on
 #         the H200; carry .gpu/gpu_check_ptx, ~3 min with the driver's first compilation);
 #         vparity: `gpu_check stream` (parity) of the measurement builds named in PARITY (.gpu/gpu_check_NAME);
@@ -37,7 +37,7 @@
 #         "--stagger-only --cyc 900");
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
-#         .gpu/hayai.gz; ~2 min);
+#         .gpu/hayai.gz; PROFILE_QUANT: int4-a8 (default), int4 or bf16; ~2 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carried
 #         as .gpz/gpu_check_tl.gz, or the builds in TL_BINS; scripts/stream_timeline.py prints the
 #         critical path, and with several builds each one's tables against the first's; ~1 min each);
@@ -261,11 +261,13 @@ run() {
   fi
   if has profile-stream; then
     # Where the streamed step's warps stall, line by line: one launch (the ninth decode step) of
-    # `bench-engine --quant int4-a8 --streamed-step` under ncu's source counters.
-    stage "streamed step: ncu source counters"
-    OUT="$out" SKIP=8 NCU_TIMEOUT=300 scripts/gpu-profile-sass.sh decode_stream int4-a8 --streamed-step 2>&1 | tee -a "$out/session.log"
-    python3 scripts/sass_hotspots.py "$out/sass-int4-a8.csv" 2>&1 | tee -a "$out/session.log"
-    grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  " "$out/sass-int4-a8.txt" | tee -a "$out/session.log"
+    # `bench-engine --quant Q --streamed-step` under ncu's source counters (PROFILE_QUANT: Q,
+    # int4-a8; int4 for the W4A16 form, bf16).
+    local pq="${PROFILE_QUANT:-int4-a8}"
+    stage "streamed step ($pq): ncu source counters"
+    OUT="$out" SKIP=8 NCU_TIMEOUT=300 scripts/gpu-profile-sass.sh decode_stream "$pq" --streamed-step 2>&1 | tee -a "$out/session.log"
+    python3 scripts/sass_hotspots.py "$out/sass-$pq.csv" 2>&1 | tee -a "$out/session.log"
+    grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  " "$out/sass-$pq.txt" | tee -a "$out/session.log"
   fi
   if has timeline; then
     # Every SM's view of one profiled streamed step (SS_TIMELINE=1; scripts/stream_timeline.py).
@@ -330,7 +332,7 @@ run() {
     /usr/bin/time -f "wall %e s, cpu %U s" timeout 300 .gpu/hayai ppl --model "$G" --device cuda --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"
     # int4 scored token by token through the decode step (`--prefill stepwise`; the batched
     # prefill scores on tensor-core GEMMs, not the decode step): int4 (W4A16) and int4-a8 (W4A8)
-    # through the launch plan, int4-a8 through the streamed step: the PPL gate's view of W4A8.
+    # through the launch plan and the streamed step: the PPL gate's view of each form.
     local v
     for v in "--quant int4" "--quant int4 --prefill stepwise" "--quant int4 --prefill stepwise --streamed-step" \
       "--quant int4-a8 --prefill stepwise" \
