@@ -11,13 +11,13 @@ use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
 /// The same for bf16 weights (`decode_stream_w16_r{N}`: 32-KB chunks of bf16 cells).
 const RINGS_W16: [(usize, &str); 2] = [(5, "decode_stream_w16_r5"), (2, "decode_stream_w16_r2")];
-/// The same for int4 weights times a bf16-pair x (`decode_stream_w4_r{N}`: int4's cells and
-/// chunks, W4A16).
+/// The same for int4 weights times x as a 23-bit fixed point (`decode_stream_w4_r{N}`: int4's
+/// cells and chunks, W4A16).
 const RINGS_W4: [(usize, &str); 2] = [(10, "decode_stream_w4_r10"), (2, "decode_stream_w4_r2")];
 
 /// The streamed step's ring depths and chunk bytes for `quant` (int4 with `int8` activations:
-/// W4A8 cells; int4 without: the same cells times x as a bf16 pair on the tensor cores; bf16:
-/// bf16 cells multiplying float activations).
+/// W4A8 cells; int4 without: the same cells times x as a 23-bit fixed point on the integer
+/// tensor cores; bf16: bf16 cells multiplying float activations).
 fn stream_rings(quant: Quant, int8: bool) -> (&'static [(usize, &'static str)], usize) {
     match (quant, int8) {
         (Quant::Int4, true) => (&RINGS, STREAM_CHUNK_BYTES),
