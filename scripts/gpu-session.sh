@@ -201,11 +201,12 @@ run() {
   if has vparity; then
     # The streamed step's parity of measurement builds (PARITY="NAME ...": .gpu/gpu_check_NAME,
     # unpacked from .gpz), ~90 s each; VPARITY_TIMEOUT: the limit per build (150 s; a compute_80
-    # PTX-only build compiles at its first load first).
-    stage "streamed step parity: ${PARITY:-}"
+    # PTX-only build compiles at its first load first); VPARITY_STAGE: the gpu_check stage
+    # (stream, W4A8; stream-w4 or stream-bf16 for the other forms).
+    stage "streamed step parity (${VPARITY_STAGE:-stream}): ${PARITY:-}"
     local v
     for v in ${PARITY:-}; do
-      timeout "${VPARITY_TIMEOUT:-150}" ".gpu/gpu_check_$v" stream 2>&1 | grep -E "PASS|FAIL|rror|panic" | cut -c1-220 | sed "s/^/$v /" |
+      timeout "${VPARITY_TIMEOUT:-150}" ".gpu/gpu_check_$v" "${VPARITY_STAGE:-stream}" 2>&1 | grep -E "PASS|FAIL|rror|panic" | cut -c1-220 | sed "s/^/$v /" |
         tee -a "$out/session.log"
     done
   fi
