@@ -160,6 +160,52 @@ fn check_parity(
     parity_verdict(parity(m, o, prompt, steps), tol, label.to_string())
 }
 
+/// The checks of a streamed form without int8 activations (`quant`: W4A16 or bf16), as (model,
+/// passed, line): against its CPU reference on the small models (to tolerance plus greedy
+/// identity, its K splits being the stream layout's; graph replay and eager launch) and on E4B
+/// shapes (8 steps), and one decode step of the small Gemma 3 after 31 tokens operation by
+/// operation against the launch plan in the same format (each within 1e-4).
+fn streamed_form_checks(quant: Quant, what: &str) -> Vec<(&'static str, bool, String)> {
+    let mut out = Vec::new();
+    let form = streamed(quant, false);
+    for (name, arch, seed) in [
+        ("small-gemma4", Arch::Gemma4, 1),
+        ("small-gemma3", Arch::Gemma3, 2),
+    ] {
+        let (m, p) = stream_model(arch, seed);
+        for (ok, line) in streamed_parity(&m, &p, &form, &format!("streamed {what} ")) {
+            out.push((name, ok, line));
+        }
+    }
+    let (m, p) = stream_model(Arch::Gemma3, 2);
+    match hayai_cuda::check::op_outputs_compare(&m, &opts(quant, false), &form, &p[..31], p[31]) {
+        Ok(rows) => {
+            let worst = rows.iter().map(|r| r.1).fold(0.0f64, f64::max);
+            println!("{what} after 31 tokens: operation, rel L2 streamed vs launch plan, max |launch plan|");
+            for (i, (label, rel, max)) in rows.iter().enumerate() {
+                if i < 12 || *rel > 1e-5 {
+                    println!("  {i:3} {label:16} {rel:.2e} {max:.3e}");
+                }
+            }
+            out.push((
+                "small-gemma3",
+                worst < 1e-4,
+                format!("{what} operations: worst rel L2 {worst:.2e} (bound 1e-4)"),
+            ));
+        }
+        Err(e) => out.push((
+            "small-gemma3",
+            false,
+            format!("{what} operation outputs: {e}"),
+        )),
+    }
+    let m = random_model_bf16(&e4b_spec(), 7);
+    let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
+    let (ok, line) = check_parity(&m, &form, &p, 8, 1e-3, &format!("streamed {what} "));
+    out.push(("e4b", ok, line));
+    out
+}
+
 /// (passed, line) of a yes/no check (bit-identity of two configurations).
 fn verdict(r: Result<bool, hayai_cuda::CudaError>, line: String) -> (bool, String) {
     match r {
@@ -342,102 +388,19 @@ fn main() {
     if want("stream-w4") {
         // The streamed step with int4 weights times x as a 23-bit fixed point per 128 columns
         // on the integer tensor cores (W4A16) against the f32 CPU reference (each x within
-        // 2^-22 of its group's largest |x|: held to the plain tolerance); graph replay and eager
-        // launch; then one decode step operation by operation against the launch plan's int4
-        // (`gemv_mma`, x as a bf16 pair) on the small Gemma 3.
-        for (name, arch, seed) in [
-            ("small-gemma4", Arch::Gemma4, 1),
-            ("small-gemma3", Arch::Gemma3, 2),
-        ] {
-            let (m, p) = stream_model(arch, seed);
-            for (ok, line) in
-                streamed_parity(&m, &p, &streamed(Quant::Int4, false), "streamed W4A16 ")
-            {
-                check(name, ok, line);
-            }
+        // 2^-22 of its group's largest |x|: held to the plain tolerance), and operation by
+        // operation against the launch plan's int4 (`gemv_mma`, x as a bf16 pair).
+        for (name, ok, line) in streamed_form_checks(Quant::Int4, "W4A16") {
+            check(name, ok, line);
         }
-        let (m, p) = stream_model(Arch::Gemma3, 2);
-        let a = opts(Quant::Int4, false);
-        let b = streamed(Quant::Int4, false);
-        match hayai_cuda::check::op_outputs_compare(&m, &a, &b, &p[..31], p[31]) {
-            Ok(rows) => {
-                let worst = rows.iter().map(|r| r.1).fold(0.0f64, f64::max);
-                println!("int4 after 31 tokens: operation, rel L2 streamed W4A16 vs launch plan, max |launch plan|");
-                for (i, (label, rel, max)) in rows.iter().enumerate() {
-                    if i < 12 || *rel > 1e-5 {
-                        println!("  {i:3} {label:16} {rel:.2e} {max:.3e}");
-                    }
-                }
-                check(
-                    "small-gemma3",
-                    worst < 1e-4,
-                    format!("int4 W4A16 operations: worst rel L2 {worst:.2e} (bound 1e-4)"),
-                );
-            }
-            Err(e) => check(
-                "small-gemma3",
-                false,
-                format!("int4 W4A16 operation outputs: {e}"),
-            ),
-        }
-        let m = random_model_bf16(&e4b_spec(), 7);
-        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let (ok, line) = check_parity(
-            &m,
-            &streamed(Quant::Int4, false),
-            &p,
-            8,
-            1e-3,
-            "streamed W4A16 ",
-        );
-        check("e4b", ok, line);
     }
     if want("stream-bf16") {
         // The streamed step with bf16 weights (float activations on the CUDA cores) against the
-        // bf16 CPU reference: its K splits are the stream layout's, so to tolerance plus greedy
-        // identity, as the single-kernel step; graph replay and eager launch; then the same
-        // decode step operation by operation against the launch plan's bf16 on the small Gemma 3.
-        for (name, arch, seed) in [
-            ("small-gemma4", Arch::Gemma4, 1),
-            ("small-gemma3", Arch::Gemma3, 2),
-        ] {
-            let (m, p) = stream_model(arch, seed);
-            for (ok, line) in
-                streamed_parity(&m, &p, &streamed(Quant::Bf16, false), "streamed bf16 ")
-            {
-                check(name, ok, line);
-            }
+        // bf16 CPU reference, and operation by operation against the launch plan's bf16 (whose
+        // x is a bf16 pair, 16 bits).
+        for (name, ok, line) in streamed_form_checks(Quant::Bf16, "bf16") {
+            check(name, ok, line);
         }
-        let (m, p) = stream_model(Arch::Gemma3, 2);
-        let a = opts(Quant::Bf16, false);
-        let b = streamed(Quant::Bf16, false);
-        match hayai_cuda::check::op_outputs_compare(&m, &a, &b, &p[..31], p[31]) {
-            Ok(rows) => {
-                let worst = rows.iter().map(|r| r.1).fold(0.0f64, f64::max);
-                println!("bf16 after 31 tokens: operation, rel L2 streamed vs launch plan, max |launch plan|");
-                for (i, (label, rel, max)) in rows.iter().enumerate() {
-                    if i < 12 || *rel > 1e-5 {
-                        println!("  {i:3} {label:16} {rel:.2e} {max:.3e}");
-                    }
-                }
-                // Both multiply bf16 weights; the launch plan's x is a bf16 pair (16 bits).
-                check(
-                    "small-gemma3",
-                    worst < 1e-4,
-                    format!("bf16 operations: worst rel L2 {worst:.2e} (bound 1e-4)"),
-                );
-            }
-            Err(e) => check(
-                "small-gemma3",
-                false,
-                format!("bf16 operation outputs: {e}"),
-            ),
-        }
-        let m = random_model_bf16(&e4b_spec(), 7);
-        let p = hayai_cuda::bench::bench_prompt(6, m.spec.vocab);
-        let o = streamed(Quant::Bf16, false);
-        let (ok, line) = check_parity(&m, &o, &p, 8, 1e-3, "streamed bf16 ");
-        check("e4b", ok, line);
     }
     if want("a8") {
         // int4 GEMVs with int8 activations against the CPU reference that rounds its matrix
