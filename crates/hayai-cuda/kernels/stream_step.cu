@@ -301,6 +301,29 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
     return d;
 }
 
+// An int4 cell's bytes for lane (g, c) (stream_layout.rs `encode_cell`; ss_cell): its 8 words and
+// its rows' bf16 scales (rows g and g + 8).
+__device__ __forceinline__ void ss_cell_load(const uint4* cp, int lane, uint32_t (&ws)[8], float& sa, float& sb) {
+    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
+    ws[0] = w0.x, ws[1] = w0.y, ws[2] = w0.z, ws[3] = w0.w, ws[4] = w1.x, ws[5] = w1.y, ws[6] = w1.z, ws[7] = w1.w;
+    const uint16_t* sc = (const uint16_t*)(cp + 64);
+    const int g = lane >> 2;
+    sa = __uint_as_float((uint32_t)sc[g] << 16);
+    sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+}
+// The cell's four integer mma m16n8k32 (u8 nibbles, the high ones in place as 16 q) against B
+// entries xb[4t], into two accumulator sets (even and odd t).
+__device__ __forceinline__ void ss_cell_mma(const uint32_t (&ws)[8], const uint2* xb, int (&d)[2][4]) {
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, ws[2 * t] & 0xF0F0F0F0u, ws[2 * t + 1] & 0x0F0F0F0Fu,
+                               ws[2 * t + 1] & 0xF0F0F0F0u};
+        const uint2 bv = xb[t * 4];
+        const uint32_t b[2] = {bv.x, bv.y};
+        mma_u8s8(d[t & 1], a, b);
+    }
+}
+
 // One cell: this warp's 16 rows times the group's int8 x (sm_90 by dp4a, else on the integer
 // tensor cores: SS_CELL_DP4A). Lane
 // (g, c) words 2t, 2t + 1 hold, byte i, rows g (low nibble) and g + 8 (high nibble) at columns
@@ -310,11 +333,9 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
 // entries, the others 16 zero entries (SS_CELL_DP4A: every lane its quad's B entries; SS_XB).
 __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs8, float xsc, int lane,
                                         float& acc_a, float& acc_b) {
-    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
-    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    const uint16_t* sc = (const uint16_t*)(cp + 64);
-    const int g = lane >> 2;
-    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+    uint32_t ws[8];
+    float sa, sb;
+    ss_cell_load(cp, lane, ws, sa, sb);
 #if SS_CELL_DP4A
     // Lane (g, c) dots its own 32 columns (words 2t, 2t + 1 against x words 8t + c, 8t + 4 + c:
     // xb[4t]) for rows g (low nibbles: da) and g + 8: a whole byte is low + 16 high, so the whole
@@ -336,14 +357,7 @@ __device__ __forceinline__ void ss_cell(const uint4* cp, const uint2* xb, int xs
     const float fa = (float)(da - off), fb = (float)(((dw - da) >> 4) - off);
 #else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, ws[2 * t] & 0xF0F0F0F0u, ws[2 * t + 1] & 0x0F0F0F0Fu,
-                               ws[2 * t + 1] & 0xF0F0F0F0u};
-        const uint2 bv = xb[t * 4];
-        const uint32_t b[2] = {bv.x, bv.y};
-        mma_u8s8(d[t & 1], a, b);
-    }
+    ss_cell_mma(ws, xb, d);
     // As gemv_a8 and gemv_mma_a8: (integer dot - 8 x sum) times (weight scale * x scale).
     const float fa = (float)(d[0][0] + d[1][0] - 8 * xs8), fb = (float)(((d[0][2] + d[1][2]) >> 4) - 8 * xs8);
 #endif
@@ -383,11 +397,10 @@ __device__ __forceinline__ void ss_cell16(const uint4* cp, const float* xw, int 
 // sums added once a pass (ss_gemv).
 __device__ __forceinline__ void ss_cell4(const uint4* cp, const uint2* xb, int xsum, float xsc, int lane,
                                          float& acc_a, float& acc_b) {
-    const uint4 w0 = cp[lane], w1 = cp[32 + lane];
-    const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    const uint16_t* sc = (const uint16_t*)(cp + 64);
-    const int g = lane >> 2, c = lane & 3;
-    const float sa = __uint_as_float((uint32_t)sc[g] << 16), sb = __uint_as_float((uint32_t)sc[g + 8] << 16);
+    uint32_t ws[8];
+    float sa, sb;
+    ss_cell_load(cp, lane, ws, sa, sb);
+    const int c = lane & 3;
 #if SS_W4_DP4A
     // Lane (g, c)'s own 32 columns (words 2t, 2t + 1 against each digit's B words 8t + c and
     // 8t + 4 + c: xb[4t] of the digit's table), rows g (low nibbles) and g + 8 (whole bytes less
@@ -413,14 +426,7 @@ __device__ __forceinline__ void ss_cell4(const uint4* cp, const uint2* xb, int x
     const float fb = (float)(ha[0] + 256 * ha[1] - lo) + (float)(ha[2] - hi) * 65536.f;
 #else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const uint32_t a[4] = {ws[2 * t] & 0x0F0F0F0Fu, ws[2 * t] & 0xF0F0F0F0u, ws[2 * t + 1] & 0x0F0F0F0Fu,
-                               ws[2 * t + 1] & 0xF0F0F0F0u};
-        const uint2 bv = xb[t * 4];
-        const uint32_t b[2] = {bv.x, bv.y};
-        mma_u8s8(d[t & 1], a, b);
-    }
+    ss_cell_mma(ws, xb, d);
     const int ra = d[0][0] + d[1][0], rb = d[0][1] + d[1][1];                // row g, columns 2c, 2c + 1
     const int ha = (d[0][2] + d[1][2]) >> 4, hb = (d[0][3] + d[1][3]) >> 4;  // row g + 8 (16 q nibbles)
 #if SS_W4_SELECT
