@@ -51,16 +51,6 @@
 #define SS_FMT_W16 1
 #define SS_FMT_W4 2
 #define SS_DIG 160  // bytes between a W4 input group's digit tables (ss_x_digits)
-// Measurement builds of the W4 cell (ss_cell4; written, not yet run): SS_W4_SELECT=1 combines a
-// lane's columns without branches (the same values, bit for bit); SS_W4_DP4A=1 takes the digits'
-// dot products by dp4a per lane, as W4A8's cell on sm_90 (the same integers, each lane's partial
-// rounded apart).
-#ifndef SS_W4_SELECT
-#define SS_W4_SELECT 0
-#endif
-#ifndef SS_W4_DP4A
-#define SS_W4_DP4A 0
-#endif
 #define SS_CH 16                        // cells per ring chunk
 #define SS_MAXG 96                      // input groups: K <= 12,288
 #define SS_BAR 4                        // the consumers' named barrier (attention groups take 1-3)
@@ -401,55 +391,18 @@ __device__ __forceinline__ void ss_cell4(const uint4* cp, const uint2* xb, int x
     float sa, sb;
     ss_cell_load(cp, lane, ws, sa, sb);
     const int c = lane & 3;
-#if SS_W4_DP4A
-    // Lane (g, c)'s own 32 columns (words 2t, 2t + 1 against each digit's B words 8t + c and
-    // 8t + 4 + c: xb[4t] of the digit's table), rows g (low nibbles) and g + 8 (whole bytes less
-    // the low nibbles, over 16), as ss_cell's dp4a branch; xb: digit 0's entries of this lane's
-    // quad (ss_gemv's xb4 for lane c), the others SS_DIG / 8 uint2 apart.
-    int da[3] = {0, 0, 0}, dw[3] = {0, 0, 0};
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const uint32_t lo0 = ws[2 * t] & 0x0F0F0F0Fu, lo1 = ws[2 * t + 1] & 0x0F0F0F0Fu;
-#pragma unroll
-        for (int j = 0; j < 3; j++) {
-            const uint2 bv = xb[j * (SS_DIG / 8) + t * 4];
-            da[j] = dp4a_u8s8(lo0, bv.x, da[j]);
-            dw[j] = dp4a_u8s8(ws[2 * t], bv.x, dw[j]);
-            da[j] = dp4a_u8s8(lo1, bv.y, da[j]);
-            dw[j] = dp4a_u8s8(ws[2 * t + 1], bv.y, dw[j]);
-        }
-    }
-    // x_q's sum enters once, on lane c = 0: 8 (X_lo + 65536 X_hi).
-    const int lo = c == 0 ? 8 * (xsum & 0xFFFF) : 0, hi = c == 0 ? 8 * (xsum >> 16) : 0;
-    const int ha[3] = {(dw[0] - da[0]) >> 4, (dw[1] - da[1]) >> 4, (dw[2] - da[2]) >> 4};
-    const float fa = (float)(da[0] + 256 * da[1] - lo) + (float)(da[2] - hi) * 65536.f;
-    const float fb = (float)(ha[0] + 256 * ha[1] - lo) + (float)(ha[2] - hi) * 65536.f;
-#else
     int d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
     ss_cell_mma(ws, xb, d);
     const int ra = d[0][0] + d[1][0], rb = d[0][1] + d[1][1];                // row g, columns 2c, 2c + 1
     const int ha = (d[0][2] + d[1][2]) >> 4, hb = (d[0][3] + d[1][3]) >> 4;  // row g + 8 (16 q nibbles)
-#if SS_W4_SELECT
-    // The same values without branches: lane c = 0's integers times 1, c = 1's times 65536,
-    // lanes c = 2, 3 a zero integer (so +0, as the branches' 0.f).
+    // Combined without branches (a branch on the lane's column kept the compiler from
+    // overlapping a warp's cells: 530 against 546-548 tok/s, docs/performance.md): lane c = 0's
+    // integers times 1, c = 1's times 65536, lanes c = 2, 3 a zero integer.
     const bool c0 = c == 0, c1 = c == 1;
     const int off = c0 ? 8 * (xsum & 0xFFFF) : 8 * (xsum >> 16);
     const float k = c0 ? 1.f : 65536.f;
     const float fa = (float)(c0 ? ra + 256 * rb - off : c1 ? ra - off : 0) * k;
     const float fb = (float)(c0 ? ha + 256 * hb - off : c1 ? ha - off : 0) * k;
-#else
-    float fa = 0.f, fb = 0.f;
-    if (c == 0) {
-        const int lo = 8 * (xsum & 0xFFFF);
-        fa = (float)(ra + 256 * rb - lo);
-        fb = (float)(ha + 256 * hb - lo);
-    } else if (c == 1) {
-        const int hi = 8 * (xsum >> 16);
-        fa = (float)(ra - hi) * 65536.f;
-        fb = (float)(ha - hi) * 65536.f;
-    }
-#endif
-#endif
     acc_a = fmaf(fa, sa * xsc, acc_a);
     acc_b = fmaf(fb, sb * xsc, acc_b);
 }
@@ -711,11 +664,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     (void)xw0;
     // This lane's B entries of an int4 cell's input (ss_cell4), from group 0: 64 uint2 a group,
     // B column n < 3 digit n's (the other columns' sums are not used: any digit's).
-#if SS_W4_DP4A
-    const uint2* xb4 = (const uint2*)xs + (lane & 3);  // every lane its quad's entries, each digit
-#else
     const uint2* xb4 = (const uint2*)xs + SS_DIG / 8 * ((lane >> 2) < 3 ? (lane >> 2) : 0) + (lane & 3);
-#endif
     (void)xb4;
 #if SS_PLE_SPLIT
     // gate/up's tiles from a_tile on are the PLE gate's (splits 1): their input is h_mid before
