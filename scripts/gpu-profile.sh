@@ -17,7 +17,7 @@ HAYAI_QUIET=1 timeout "${NCU_TIMEOUT:-240}" "$ncu_bin" --clock-control none \
   -k 'regex:^(gemv|attn_split|argmax|ple_combine|decode_step)' \
   --launch-skip "${SKIP:-1200}" --launch-count "${COUNT:-299}" \
   --metrics "$metrics" --csv --page raw \
-  .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" --prompt-len 16 --gen 8 "$@" \
+  .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" --prompt-len 16 --gen 8 --no-streamed-step "$@" \
   > "$out/ncu-$q.csv" 2> "$out/ncu-$q.err"
 echo "ncu rc=$? rows=$(grep -c '^"' "$out/ncu-$q.csv")"
 # Stall reasons and issue rates of the first kernels of one step (one layer), as text.
@@ -26,7 +26,7 @@ if [ -n "${DETAIL:-}" ]; then
     -k 'regex:^(gemv|attn_split)' --launch-skip "${SKIP:-1200}" --launch-count "$DETAIL" \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
     --section LaunchStats --section MemoryWorkloadAnalysis \
-    .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" --prompt-len 16 --gen 8 "$@" \
+    .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" --prompt-len 16 --gen 8 --no-streamed-step "$@" \
     > "$out/ncu-$q-detail.txt" 2>&1
   echo "ncu detail rc=$?"
 fi

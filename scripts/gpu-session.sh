@@ -11,7 +11,9 @@
 #         (64 MiB per call) for `run real demo ppl`; without the model, carry .gpz (the check
 #         binaries compressed; `run` unpacks them) and run
 #           scripts/gpu-session.sh run [STAGE ...]
-#         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl;
+#         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl
+#         (real: the GPU tests, REAL_FILTER a name filter; bench / demo: the default step and
+#         --no-streamed-step each; bench-real, not by default: the real 270M's bench-engine both ways);
 #         (ppl: the batched prefill's bf16 and int4, then scored one decode step per token: int4
 #         (W4A16) and int4-a8 (W4A8) through the launch plan and the streamed step, bf16 through
 #         the launch plan and the streamed step; ~90 s each);
@@ -294,8 +296,8 @@ run() {
   if has pending-ab; then
     stage "A/B on E4B shapes (default first and last)"
     local e4b=(bench-engine --model synth:e4b --device cuda --prompt-len 128 --gen 512)
-    local ab=("--quant int4" "--quant int4 --max-context 8192" "--quant int4 --max-context 8192 --attn-min-keys 0"
-      "--quant bf16" "--quant int4")
+    local ab=("--quant int4 --no-streamed-step" "--quant int4 --max-context 8192 --no-streamed-step"
+      "--quant int4 --max-context 8192 --attn-min-keys 0" "--quant bf16 --no-streamed-step" "--quant int4 --no-streamed-step")
     local v
     for v in "${ab[@]}"; do
       local e=() f=$v
@@ -322,12 +324,37 @@ run() {
     md5sum "$G" | tee -a "$out/session.log"; cat .gpu/model.md5 2>/dev/null | tee -a "$out/session.log"
     export HAYAI_MODEL_GGUF="$G"
   fi
-  if has real; then stage "gpu-tests (all, incl. the real 270M)"; timeout 400 .gpu/gpu-tests --include-ignored --test-threads 1 > "$out/gpu-tests.log" 2>&1; grep -E "^test |test result" "$out/gpu-tests.log" | tee -a "$out/session.log"; fi
+  # REAL_FILTER: only the GPU tests whose names contain it (e.g. "streamed"; default: all).
+  if has real; then stage "gpu-tests (${REAL_FILTER:-all, incl. the real 270M})"; timeout 400 .gpu/gpu-tests --include-ignored --test-threads 1 ${REAL_FILTER:-} > "$out/gpu-tests.log" 2>&1; grep -E "^test |test result|panicked|assert" "$out/gpu-tests.log" | tee -a "$out/session.log"; fi
+  # The engine benchmark with the default step (the streamed step where it runs) and the launch
+  # plan (--no-streamed-step): E4B shapes in `bench`, the real 270M in `bench-real`.
   if has bench; then
     stage "bench-engine synth:e4b"
-    for q in int4 bf16; do timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" --prompt-len 128 --gen 512 2>&1 | tee "$out/bench-$q.log" | grep -E "quant|prefill|decode|achieved|kernels" | tee -a "$out/session.log"; done
+    for q in int4 bf16; do
+      for v in "" --no-streamed-step; do
+        echo "-- --quant $q $v" | tee -a "$out/session.log"
+        timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant "$q" $v --prompt-len 128 --gen 512 2>&1 | tee "$out/bench-$q$v.log" | grep -E "quant|launch plan|prefill|decode|achieved|kernels" | tee -a "$out/session.log"
+      done
+    done
   fi
-  if has demo; then stage "demo (real 270M, 128 x 512 + PPL)"; timeout 400 .gpu/hayai demo --model "$G" --device cuda > "$out/demo.log" 2>&1; tail -30 "$out/demo.log" | tee -a "$out/session.log"; fi
+  if has bench-real; then
+    stage "bench-engine real 270M"
+    for q in bf16 int4; do
+      for v in "" --no-streamed-step; do
+        echo "-- --quant $q $v" | tee -a "$out/session.log"
+        timeout 120 .gpu/hayai bench-engine --model "$G" --device cuda --quant "$q" $v --prompt-len 128 --gen 512 2>&1 | grep -E "quant|launch plan|prefill|decode|achieved|kernels" | tee -a "$out/session.log"
+      done
+    done
+  fi
+  # The main job with the default step and with the launch plan.
+  if has demo; then
+    local v
+    for v in "" --no-streamed-step; do
+      stage "demo $v (real 270M, 128 x 512 + PPL)"
+      timeout 300 .gpu/hayai demo --model "$G" --device cuda $v > "$out/demo$v.log" 2>&1
+      tail -12 "$out/demo$v.log" | tee -a "$out/session.log"
+    done
+  fi
   if has ppl; then
     stage "ppl (real 270M, 128 records, in-process)"
     /usr/bin/time -f "wall %e s, cpu %U s" timeout 300 .gpu/hayai ppl --model "$G" --device cuda --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"
@@ -335,9 +362,9 @@ run() {
     # prefill scores on tensor-core GEMMs, not the decode step): int4 (W4A16) and int4-a8 (W4A8)
     # through the launch plan and the streamed step: the PPL gate's view of each form.
     local v
-    for v in "--quant int4" "--quant int4 --prefill stepwise" "--quant int4 --prefill stepwise --streamed-step" \
-      "--quant int4-a8 --prefill stepwise" \
-      "--quant int4-a8 --prefill stepwise --streamed-step" "--quant bf16 --prefill stepwise" \
+    for v in "--quant int4" "--quant int4 --prefill stepwise --no-streamed-step" "--quant int4 --prefill stepwise --streamed-step" \
+      "--quant int4-a8 --prefill stepwise --no-streamed-step" \
+      "--quant int4-a8 --prefill stepwise --streamed-step" "--quant bf16 --prefill stepwise --no-streamed-step" \
       "--quant bf16 --prefill stepwise --streamed-step"; do
       echo "-- $v" | tee -a "$out/session.log"
       timeout 300 .gpu/hayai ppl --model "$G" --device cuda $v --records data/challenge/ppl_ground_truth_tokens.jsonl --json 2>&1 | tail -3 | tee -a "$out/session.log"
@@ -350,5 +377,5 @@ case "${1:-}" in
   prepare) prepare ;;
   measure) measure ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare | measure | run [pending] [pending-stream] [stream-parity] [vparity] [rotate] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [demo] [ppl]" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | measure | run [pending] [pending-stream] [stream-parity] [vparity] [rotate] [link] [profile-stream] [timeline] [pending-ab] [ptx] [checks] [tc] [fuse] [single] [prefill] [real] [bench] [bench-real] [demo] [ppl]" >&2; exit 2 ;;
 esac

@@ -17,7 +17,7 @@ use std::time::Instant;
 use hayai_cuda::bench::{bench_engine, BenchOptions};
 use hayai_cuda::check::{graph_matches_eager, parity, prefill_parity, same_results};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
-use hayai_cuda::{CudaOptions, Quant};
+use hayai_cuda::{CudaOptions, Quant, StreamedStep};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
 
@@ -116,7 +116,7 @@ fn parity_verdict(
 /// The streamed step's options for `quant`, W4A8 where `int8` (int4 only).
 fn streamed(quant: Quant, int8: bool) -> CudaOptions {
     CudaOptions {
-        streamed_step: true,
+        streamed_step: StreamedStep::On,
         int8_activations: int8,
         ..opts(quant, false)
     }

@@ -49,8 +49,10 @@ pub struct KernelTime {
 #[derive(Clone, Debug)]
 pub struct BenchReport {
     pub gpu: String,
-    /// The runner's options as asked for.
+    /// The runner's options in effect (`StreamedStep::Auto` decided).
     pub cuda: CudaOptions,
+    /// Why `StreamedStep::Auto` kept the launch plan (None: it did not, or was not asked).
+    pub launch_plan_reason: Option<String>,
     /// Programmatic dependent launch was in effect (asked for, and the GPU is sm_90+).
     pub pdl: bool,
     pub prompt_len: usize,
@@ -96,6 +98,9 @@ impl BenchReport {
             self.prompt_len,
             self.gen
         );
+        if let Some(why) = &self.launch_plan_reason {
+            s += &format!("launch plan, not the streamed step: {why}\n");
+        }
         s += &format!("prefill: {:.1} ms\n", self.prefill_ms);
         s += &format!(
             "decode: {:.1} tok/s (median of {:?}), {:.3} ms/token\n",
@@ -258,7 +263,8 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
     let achieved = wb as f64 * tok_s / 1e9;
     Ok(BenchReport {
         gpu: r.gpu_name().to_string(),
-        cuda: opts.cuda.clone(),
+        cuda: r.options().clone(),
+        launch_plan_reason: r.launch_plan_reason().map(str::to_string),
         pdl: r.gpu().pdl,
         prompt_len: opts.prompt_len,
         gen: opts.gen,

@@ -289,7 +289,8 @@ pub fn prefill_parity(
     let mut first = 0u32;
     gpu.forward(prompt, Rows::Last, &mut |_, l| first = argmax(l))?;
     let n = prompt.len();
-    set_decode_twin(&mut twin, model, opts);
+    // The twin of the step that runs (`StreamedStep::Auto` decided by the runner).
+    set_decode_twin(&mut twin, model, gpu.options());
     let mut cfirst = 0u32;
     twin.truncate(n.saturating_sub(1));
     twin.forward(&prompt[n.saturating_sub(1)..], Rows::Last, &mut |_, l| {
@@ -335,7 +336,7 @@ fn set_decode_twin(cpu: &mut CpuRunner, model: &Model, opts: &CudaOptions) {
     let inputs = decode_matmul_inputs(opts);
     cpu.set_matmul_inputs(inputs);
     // (The PLE forms run in the W4A8 streamed step only.)
-    let a8_stream = opts.streamed_step && opts.uses_int8_activations();
+    let a8_stream = opts.streamed() && opts.uses_int8_activations();
     let fused = a8_stream && crate::runner::ple_fused_wanted(&model.spec);
     cpu.set_ple_projection_inputs(fused.then(|| inputs.ple_projection()));
     cpu.set_ple_gate_split(a8_stream && crate::runner::ple_split_wanted(&model.spec));
@@ -362,6 +363,8 @@ pub fn parity(
         },
     )?;
     let mut cpu = CpuRunner::new(reference.clone())?;
+    // The options in effect (`StreamedStep::Auto` decided by the runner).
+    let opts = &gpu.options().clone();
     let int8 = opts.uses_int8_activations();
     let tc = opts.uses_tensor_cores();
     set_decode_twin(&mut cpu, model, opts);

@@ -25,7 +25,7 @@ mod stream;
 use launch::*;
 pub(crate) use launch::{BwParams, Launch};
 pub use opbench::OpTime;
-pub use options::{CudaOptions, Quant, RING_SLACK};
+pub use options::{CudaOptions, Quant, StreamedStep, RING_SLACK};
 pub use prefill::PREFILL_CHUNK;
 use shapes::*;
 pub(crate) use stream::{ple_fused_wanted, ple_split_wanted};
@@ -62,6 +62,19 @@ pub fn check_supported(spec: &hayai_model::ModelSpec) -> Result<(), CudaError> {
         width("PLE".into(), p.dim)?;
     }
     Ok(())
+}
+
+/// The widest input of the decode step's GEMVs: the projections' width (a fused matrix shares
+/// its parts'), the lm_head's and the PLE model projection's.
+fn gemv_max_cols(model: &Model) -> usize {
+    let w = &model.weights;
+    w.layers
+        .iter()
+        .flat_map(|l| [l.q.cols, l.o.cols, l.gate.cols, l.down.cols])
+        .chain([w.lm_head().cols])
+        .chain(w.ple.as_ref().map(|p| p.model_proj.cols))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Boxed runner for the engine.
@@ -320,6 +333,10 @@ pub struct CudaRunner {
     step_kernel: Option<StepConfig>,
     /// The step runs as the streamed step (kernels/stream_step.cu).
     streamed: bool,
+    /// The options it was built with, `Auto` decided.
+    opts: CudaOptions,
+    /// Why `Auto` kept the launch plan (None: not asked, or the streamed step runs).
+    launch_plan_reason: Option<String>,
     /// Its recorded operations, for `op_outputs`.
     stream_debug: Option<stream::StreamDebug>,
     /// The streamed step's per-SM timeline layout (dumped by `profile_step` when
@@ -340,15 +357,71 @@ pub struct CudaRunner {
 unsafe impl Send for CudaRunner {}
 
 impl CudaRunner {
+    /// The runner for `model` with `opts`; with [`StreamedStep::Auto`], the streamed step where
+    /// it runs here (else the launch plan, and [`CudaRunner::launch_plan_reason`] says why).
     pub fn new(model: Arc<Model>, opts: CudaOptions) -> Result<CudaRunner, CudaError> {
+        if opts.streamed_step != StreamedStep::Auto {
+            return Self::build(model, opts, false);
+        }
+        let off = CudaOptions {
+            streamed_step: StreamedStep::Off,
+            ..opts.clone()
+        };
+        let why = match opts.launch_plan_variant() {
+            Some(flag) => format!("{flag} is a launch-plan variant"),
+            None => {
+                let on = CudaOptions {
+                    streamed_step: StreamedStep::On,
+                    ..opts
+                };
+                // Any failure (its ring, its cells, the memory for the weights' second copy)
+                // leaves the launch plan, which has its own checks.
+                match Self::build(model.clone(), on, true) {
+                    Ok(r) => return Ok(r),
+                    Err(e) => e.to_string(),
+                }
+            }
+        };
+        let mut r = Self::build(model, off, false)?;
+        // The backend's description says which step runs and why (the server logs it).
+        r.info.backend = format!(
+            "{}, launch plan: {why})",
+            r.info.backend.trim_end_matches(')')
+        );
+        r.launch_plan_reason = Some(why);
+        Ok(r)
+    }
+
+    /// `auto`: the streamed step asked for by `Auto` (its deepest ring only: `stream_config`).
+    fn build(model: Arc<Model>, opts: CudaOptions, auto: bool) -> Result<CudaRunner, CudaError> {
         let spec = &model.spec;
         spec.validate().map_err(ModelError::Config)?;
         check_supported(spec)?;
         if let Some(c) = opts.conflict() {
             return Err(CudaError::Unsupported(c));
         }
+        if opts.single_kernel && opts.streamed() {
+            return Err(CudaError::Unsupported(
+                "the single-kernel and the streamed step are alternatives: choose one".into(),
+            ));
+        }
         let gpu = Gpu::new(opts.device_ordinal)?.with_pdl(opts.pdl);
         gpu.bind()?;
+        // The widest GEMV input (the weights' width; fused matrices share theirs).
+        let max_cols = gemv_max_cols(&model);
+        // Before any upload: where the streamed step cannot run, say so at once.
+        let stream_cfg = if opts.streamed() {
+            Some(stream::stream_config(
+                &gpu,
+                spec,
+                opts.quant,
+                opts.uses_int8_activations(),
+                max_cols,
+                auto,
+            )?)
+        } else {
+            None
+        };
         let max_ctx = opts
             .max_context
             .unwrap_or(spec.max_context.min(8192))
@@ -499,13 +572,6 @@ impl CudaRunner {
             out_tok: gpu.alloc(4)?,
             pair_barrier: gpu.alloc(8)?,
         };
-        let max_cols = layers
-            .iter()
-            .flat_map(|l| [l.qkv.cols, l.o.cols, l.gateup.cols, l.down.cols])
-            .chain([lm_head.cols])
-            .chain(ple_model.as_ref().map(|m| m.cols))
-            .max()
-            .unwrap_or(0);
         // Norms (and so the prologue's constants) only ever sit on hidden-width inputs.
         let smem = (max_cols * 4).max(gemv_smem(h, false, true)) + GEMV_XS_OFFSET_BYTES;
         if smem > 48 * 1024 - 256 {
@@ -562,7 +628,16 @@ impl CudaRunner {
             vocab_size: spec.vocab,
             max_context: max_ctx,
             eos_token_ids: spec.eos_token_ids.clone(),
-            backend: format!("cuda:{} ({})", gpu.name, q.name()),
+            backend: format!(
+                "cuda:{} ({}{})",
+                gpu.name,
+                q.name(),
+                if opts.streamed() {
+                    ", streamed step"
+                } else {
+                    ""
+                }
+            ),
         };
         let mut r = CudaRunner {
             graph: None,
@@ -600,22 +675,19 @@ impl CudaRunner {
             step_profile: None,
             step_bufs: Vec::new(),
             gemv_occupancy: Default::default(),
+            opts: opts.clone(),
+            launch_plan_reason: None,
             len: 0,
             dev_io: None,
             logits_host: vec![0.0; spec.vocab],
             model,
             gpu,
         };
-        if opts.single_kernel && opts.streamed_step {
-            return Err(CudaError::Unsupported(
-                "the single-kernel and the streamed step are alternatives: choose one".into(),
-            ));
-        }
         if opts.single_kernel {
             r.step_kernel = Some(r.step_config(max_cols)?);
         }
-        if opts.streamed_step {
-            r.step_kernel = Some(r.stream_config(max_cols)?);
+        if let Some(cfg) = stream_cfg {
+            r.step_kernel = Some(cfg);
             r.streamed = true;
         }
         if opts.attn_smem_tile {
@@ -659,6 +731,17 @@ impl CudaRunner {
         }
         gpu_sync(&r.gpu)?;
         Ok(r)
+    }
+
+    /// The options in effect ([`StreamedStep::Auto`] decided: `On` or `Off`).
+    pub fn options(&self) -> &CudaOptions {
+        &self.opts
+    }
+
+    /// Why [`StreamedStep::Auto`] kept the launch plan, in words (None where it was not asked
+    /// for or the streamed step runs).
+    pub fn launch_plan_reason(&self) -> Option<&str> {
+        self.launch_plan_reason.as_deref()
     }
 
     pub fn quant(&self) -> Quant {

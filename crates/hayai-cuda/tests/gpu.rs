@@ -4,7 +4,7 @@
 
 use hayai_cuda::check::{graph_matches_eager, parity};
 use hayai_cuda::synth::{random_model_bf16, small_spec};
-use hayai_cuda::{CudaOptions, Quant};
+use hayai_cuda::{CudaOptions, Quant, StreamedStep};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
 
@@ -283,7 +283,7 @@ fn real_270m_streamed(quant: Quant, int8: bool) -> Vec<hayai_cuda::check::Parity
         .into_iter()
         .map(|use_graph| {
             let o = CudaOptions {
-                streamed_step: true,
+                streamed_step: StreamedStep::On,
                 int8_activations: int8,
                 use_graph,
                 batched_prefill: false,
@@ -324,6 +324,84 @@ fn assert_real_270m_streamed_exact(quant: Quant) {
         assert!(r.rel_l2 < 1e-3, "{}", r.line());
         assert!(r.greedy_identical(), "{}", r.line());
     }
+}
+
+/// On a GPU: `StreamedStep::Auto` (the CLI's default) runs the streamed step where it can, held
+/// to the same parity as asking for it, and keeps the launch plan, saying why, for a launch-plan
+/// variant, for a model whose cells the streamed step refuses while building (a vocabulary of
+/// 1,000 rows: not whole 16-row cells) and for one whose GEMV width it refuses before any upload
+/// (wider than 12,288).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn streamed_step_auto_runs_where_it_can() {
+    use hayai_cuda::CudaRunner;
+    use hayai_model::Runner;
+    require_gpu();
+    let auto = |quant| CudaOptions {
+        streamed_step: StreamedStep::Auto,
+        ..opts(quant, false)
+    };
+    // Whole 16-row cells: a vocabulary of 1,024.
+    let mut spec = small_spec(Arch::Gemma3);
+    spec.vocab = 1024;
+    let m = std::sync::Arc::new(random_model(&spec, 12));
+    for q in [Quant::Bf16, Quant::Int4] {
+        let r = CudaRunner::new(m.clone(), auto(q)).unwrap();
+        assert!(r.options().streamed(), "{:?}", r.launch_plan_reason());
+        assert!(
+            r.info().backend.contains("streamed step"),
+            "{}",
+            r.info().backend
+        );
+        drop(r);
+        assert_parity(&m, &auto(q), 24, 64, 1e-4);
+        let r = CudaRunner::new(
+            m.clone(),
+            CudaOptions {
+                persistent_gemv: true,
+                ..auto(q)
+            },
+        )
+        .unwrap();
+        assert!(!r.options().streamed());
+        let why = r.launch_plan_reason().unwrap_or_default();
+        assert!(why.contains("--persistent-gemv"), "{why}");
+    }
+    let m = std::sync::Arc::new(random_model(&small_spec(Arch::Gemma3), 12));
+    let r = CudaRunner::new(m.clone(), auto(Quant::Bf16)).unwrap();
+    assert!(!r.options().streamed());
+    let why = r.launch_plan_reason().unwrap_or_default();
+    assert!(why.contains("16 x 64 cells"), "{why}");
+    drop(r);
+    assert_parity(&m, &auto(Quant::Bf16), 24, 64, 1e-4);
+    let mut wide = small_spec(Arch::Gemma3);
+    for l in wide.layers.iter_mut() {
+        l.intermediate = 97 * 128;
+    }
+    let m = std::sync::Arc::new(random_model(&wide, 13));
+    let mut r = CudaRunner::new(m.clone(), auto(Quant::Int4)).unwrap();
+    assert!(!r.options().streamed());
+    let why = r.launch_plan_reason().unwrap_or_default().to_string();
+    assert!(why.contains("GEMV width"), "{why}");
+    assert!(
+        r.info().backend.contains("launch plan: "),
+        "{}",
+        r.info().backend
+    );
+    let mut tok = 1;
+    for _ in 0..4 {
+        tok = r.greedy_step(tok).unwrap();
+    }
+    assert!((tok as usize) < wide.vocab);
+    let on = CudaOptions {
+        streamed_step: StreamedStep::On,
+        ..opts(Quant::Int4, false)
+    };
+    let err = CudaRunner::new(m, on)
+        .err()
+        .expect("On refuses")
+        .to_string();
+    assert!(err.contains("GEMV width"), "{err}");
 }
 
 #[test]

@@ -727,9 +727,15 @@ pub struct GpuVariantArgs {
     pub single_kernel: bool,
     /// The decode step as the streamed step (one block per SM, the GEMV weights streamed per SM
     /// through a shared-memory ring; docs/streamed-step.md), in the format's arithmetic: int4
-    /// W4A16 (x as a 23-bit fixed point per 128 columns), int4-a8 W4A8, bf16.
+    /// W4A16 (x as a 23-bit fixed point per 128 columns), int4-a8 W4A8, bf16; an error where
+    /// it cannot run. The default runs it wherever its measured (deepest) ring fits the GPU's
+    /// shared memory and no launch-plan variant is asked for, else the launch plan.
     #[arg(long)]
     pub streamed_step: bool,
+    /// The decode step as the launch plan (one kernel per operation, replayed as a CUDA graph)
+    /// even where the streamed step could run.
+    #[arg(long, conflicts_with = "streamed_step")]
+    pub no_streamed_step: bool,
     /// Decode attention copies its K/V tile into shared memory before waiting for the QKV GEMV.
     #[arg(long)]
     pub attn_tile: bool,
@@ -815,7 +821,13 @@ impl GpuVariantArgs {
             gemv_unroll8: self.gemv_unroll8,
             attn_prefetch: self.attn_prefetch,
             single_kernel: self.single_kernel,
-            streamed_step: self.streamed_step,
+            streamed_step: if self.streamed_step {
+                hayai_cuda::StreamedStep::On
+            } else if self.no_streamed_step {
+                hayai_cuda::StreamedStep::Off
+            } else {
+                hayai_cuda::StreamedStep::Auto
+            },
             attn_smem_tile: self.attn_tile,
             attn_by_head_dim: if self.attn_runtime_hd {
                 Some(false)
@@ -838,6 +850,150 @@ impl GpuVariantArgs {
     }
 }
 
+impl GpuVariantArgs {
+    /// These variants as command-line arguments (the non-default ones), so a child process
+    /// (`hayai demo`'s server) runs the kernels this one was asked for.
+    pub fn to_args(self) -> Vec<String> {
+        let d = GpuVariantArgs::defaults();
+        let mut v: Vec<String> = Vec::new();
+        for (on, name) in [
+            (self.no_pdl, "--no-pdl"),
+            (self.persistent_gemv, "--persistent-gemv"),
+            (self.fuse_ple, "--fuse-ple"),
+            (self.gemv_unroll8, "--gemv-unroll8"),
+            (self.attn_prefetch, "--attn-prefetch"),
+            (self.single_kernel, "--single-kernel"),
+            (self.streamed_step, "--streamed-step"),
+            (self.no_streamed_step, "--no-streamed-step"),
+            (self.attn_tile, "--attn-tile"),
+            (self.attn_runtime_hd, "--attn-runtime-hd"),
+            (self.attn_hd_kernels, "--attn-hd-kernels"),
+            (self.no_attn_warp_values, "--no-attn-warp-values"),
+            (self.no_tc_gemv, "--no-tc-gemv"),
+            (self.tc_ring, "--tc-ring"),
+            (self.no_tc_kwarps, "--no-tc-kwarps"),
+            (self.l2_prefetch_own, "--l2-prefetch-own"),
+        ] {
+            if on {
+                v.push(name.into());
+            }
+        }
+        for (n, dn, name) in [
+            (self.attn_min_keys, d.attn_min_keys, "--attn-min-keys"),
+            (self.l2_prefetch, d.l2_prefetch, "--l2-prefetch"),
+            (
+                self.l2_prefetch_attn,
+                d.l2_prefetch_attn,
+                "--l2-prefetch-attn",
+            ),
+        ] {
+            if n != dn {
+                v.extend([name.to_string(), n.to_string()]);
+            }
+        }
+        if let Some(n) = self.max_context {
+            v.extend(["--max-context".to_string(), n.to_string()]);
+        }
+        v
+    }
+}
+
+impl ModelArgs {
+    /// The options that decide how the model runs, as arguments for a child `hayai serve` (the
+    /// model, device and quantization are the caller's to pass): the prefill, the CPU
+    /// backend's numerics and the decode-kernel variants, where not the defaults.
+    pub fn run_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let name = |p: Option<clap::builder::PossibleValue>| {
+            p.map(|p| p.get_name().to_string()).unwrap_or_default()
+        };
+        if self.prefill != Prefill::Batched {
+            v.extend(["--prefill".into(), name(self.prefill.to_possible_value())]);
+        }
+        if self.cpu_matmul_inputs != CpuMatmulInputs::F32 {
+            v.extend([
+                "--cpu-matmul-inputs".into(),
+                name(self.cpu_matmul_inputs.to_possible_value()),
+            ]);
+        }
+        if self.cpu_numerics != CpuNumerics::Reference {
+            v.extend([
+                "--cpu-numerics".into(),
+                name(self.cpu_numerics.to_possible_value()),
+            ]);
+        }
+        v.extend(self.variant.to_args());
+        v
+    }
+}
+
 pub fn bench_engine(a: BenchEngineArgs) -> Result<ExitCode> {
     crate::setup::bench_engine(&a.model, a.prompt_len, a.gen, a.json, a.ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Only {
+        #[command(flatten)]
+        m: ModelArgs,
+    }
+
+    /// Every option of `ModelArgs` but the model, device, quantization and tokenizer (the
+    /// caller's), each set away from its default, survives `run_args` and a second parse:
+    /// an option added later without a line in `to_args` / `run_args` fails here.
+    #[test]
+    fn run_args_carry_every_option_to_a_child() {
+        let caller = ["model", "device", "quant", "tokenizer", "help"];
+        let defaults = Only::parse_from(["hayai"]).m.run_args();
+        assert!(
+            defaults.is_empty(),
+            "defaults forward nothing: {defaults:?}"
+        );
+        let mut seen = 0;
+        for arg in Only::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if caller.contains(&id) {
+                continue;
+            }
+            let long = format!("--{}", arg.get_long().expect("a long name"));
+            let mut argv = vec!["hayai".to_string(), long.clone()];
+            if arg.get_action().takes_values() {
+                // A value other than the default that the option accepts.
+                let pv = arg.get_possible_values();
+                let dv: Vec<String> = arg
+                    .get_default_values()
+                    .iter()
+                    .map(|d| d.to_string_lossy().into_owned())
+                    .collect();
+                let val = if pv.is_empty() {
+                    "8".to_string()
+                } else {
+                    pv.iter()
+                        .map(|p| p.get_name().to_string())
+                        .find(|n| !dv.contains(n))
+                        .expect("a non-default value")
+                };
+                argv.push(val);
+            }
+            let m = Only::try_parse_from(&argv)
+                .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+                .m;
+            let fwd = m.run_args();
+            assert!(!fwd.is_empty(), "{long} is not forwarded");
+            let back =
+                Only::try_parse_from(std::iter::once("hayai".to_string()).chain(fwd.clone()))
+                    .unwrap_or_else(|e| panic!("{fwd:?}: {e}"))
+                    .m;
+            assert_eq!(back.variant, m.variant, "{long}: {fwd:?}");
+            assert_eq!(back.prefill, m.prefill, "{long}");
+            assert_eq!(back.cpu_matmul_inputs, m.cpu_matmul_inputs, "{long}");
+            assert_eq!(back.cpu_numerics, m.cpu_numerics, "{long}");
+            seen += 1;
+        }
+        assert!(seen >= 20, "only {seen} options checked");
+    }
 }

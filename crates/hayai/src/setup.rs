@@ -151,7 +151,7 @@ pub fn bench_engine(
                     "kernels_per_step": r.kernels_per_step,
                     "pdl": r.pdl, "persistent_gemv": r.cuda.persistent_gemv, "fuse_ple": r.cuda.fuse_ple,
                     "gemv_unroll8": r.cuda.gemv_unroll8, "attn_prefetch": r.cuda.attn_prefetch,
-                    "single_kernel": r.cuda.single_kernel, "streamed_step": r.cuda.streamed_step, "attn_smem_tile": r.cuda.attn_smem_tile,
+                    "single_kernel": r.cuda.single_kernel, "streamed_step": r.cuda.streamed(), "launch_plan_reason": r.launch_plan_reason, "attn_smem_tile": r.cuda.attn_smem_tile,
                     "int8_activations": r.cuda.int8_activations, "l2_prefetch": r.cuda.l2_prefetch,
                     "tensor_core_gemv": r.cuda.tensor_core_gemv, "gemv": r.cuda.gemv_name(),
                     "weight_bytes_per_token": r.weight_bytes_per_token,
@@ -328,8 +328,15 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("locating the hayai binary")?;
     let quant = format!("{:?}", a.model.quant).to_lowercase();
     let device = if gpu { "cuda" } else { "cpu" };
+    // The decode options given to the demo (e.g. --streamed-step) go to its server.
+    let run_args = a.model.run_args();
+    let backend = if run_args.is_empty() {
+        format!("{device} ({quant})")
+    } else {
+        format!("{device} ({quant}; {})", run_args.join(" "))
+    };
     eprintln!(
-        "demo: serving {} on {base} ({device}, {quant}); bench {num_prompts} prompts x {output_len} tokens, PPL on {ppl_limit} records",
+        "demo: serving {} on {base} ({backend}); bench {num_prompts} prompts x {output_len} tokens, PPL on {ppl_limit} records",
         model_path.display()
     );
     let mut cmd = std::process::Command::new(exe);
@@ -348,6 +355,7 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
             "--served-model-name",
             "hayai-demo",
         ])
+        .args(&run_args)
         .stdout(std::fs::File::create(&log)?)
         .stderr(std::fs::File::create(dir.join("server.stderr.log"))?)
         .spawn()
@@ -388,7 +396,7 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
     drop(guard);
     println!();
     println!("== hayai demo: {} ==", model_path.display());
-    println!("backend          {device} ({quant})");
+    println!("backend          {backend}");
     println!(
         "requests         {} completed, {} failed",
         b.summary.completed,

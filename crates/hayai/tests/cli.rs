@@ -272,6 +272,11 @@ fn malformed_inputs_fail_clearly() {
             "{q}: {err}"
         );
     }
+    // The streamed step is the default where it runs; asking for it and against it is an error.
+    let out = gen1(&["--device", "cuda", "--streamed-step", "--no-streamed-step"]);
+    fails_with(&out, "cannot be used with");
+    let out = gen1(&["--device", "cpu", "--no-streamed-step"]);
+    fails_with(&out, "CUDA backend only");
     // int4-a8 fixes the CPU's matrix-product inputs.
     // The one-launch PLE pair has no int8 activations (also before any GPU is looked for).
     let out = gen1(&["--device", "cuda", "--quant", "int4-a8", "--fuse-ple"]);

@@ -30,6 +30,20 @@ impl std::str::FromStr for Quant {
     }
 }
 
+/// Whether the decode step runs as the streamed step ([`CudaOptions::streamed_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamedStep {
+    /// The launch plan: one kernel per operation, replayed as a CUDA graph.
+    Off,
+    /// The streamed step where it can run here as measured, else the launch plan: no
+    /// launch-plan variant asked for ([`CudaOptions::launch_plan_variant`]), its deepest ring
+    /// (the one measured against the launch plan) fits this GPU's shared memory, and the runner
+    /// with it builds (the weights' second copy fits, every matrix has whole cells). [`super::CudaRunner::new`] decides; [`super::CudaRunner::options`] says how.
+    Auto,
+    /// The streamed step, or an error saying why it cannot run here.
+    On,
+}
+
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
     pub quant: Quant,
@@ -115,8 +129,9 @@ pub struct CudaOptions {
     /// 23-bit fixed point per 128 columns on the integer tensor cores (W4A16, without it: each
     /// x within 2^-22 of its group's largest |x|), or bf16 weights times float activations on
     /// the CUDA cores (the CPU reference's arithmetic in another summation order); its K splits
-    /// are the stream layout's. Off by default (docs/performance.md).
-    pub streamed_step: bool,
+    /// are the stream layout's. `Off` in this library's default (callers choose; the `hayai`
+    /// commands default to `Auto`: docs/performance.md measures it faster in every format).
+    pub streamed_step: StreamedStep,
     /// Each kernel of the decode step pulls into L2 the weights of the `l2_prefetch`-th GEMV
     /// after it (0: off; matrices over 32 MB, the int4/bf16 lm_head, are never prefetched), so
     /// DRAM streams the next matrix while the dependent chain of the current kernel runs. A
@@ -165,7 +180,7 @@ impl Default for CudaOptions {
             // Measured on the H200: 385 -> 393 tok/s (docs/performance.md).
             tensor_core_kwarps: true,
             single_kernel: false,
-            streamed_step: false,
+            streamed_step: StreamedStep::Off,
             l2_prefetch: 0,
             l2_prefetch_own: false,
             l2_prefetch_attn: 0,
@@ -176,6 +191,51 @@ impl Default for CudaOptions {
 }
 
 impl CudaOptions {
+    /// Whether the step runs as the streamed step (`On`; `Auto` is decided by
+    /// [`super::CudaRunner::new`], and until then these methods answer for the launch plan).
+    pub fn streamed(&self) -> bool {
+        self.streamed_step == StreamedStep::On
+    }
+
+    /// The first launch-plan variant these options ask for (an option away from its default
+    /// that only the launch plan honours), as its command-line flag: with one, `Auto` keeps the
+    /// launch plan. None: none asked for.
+    pub fn launch_plan_variant(&self) -> Option<&'static str> {
+        let d = CudaOptions::default();
+        [
+            (!self.pdl, "--no-pdl"),
+            (self.persistent_gemv, "--persistent-gemv"),
+            (self.fuse_ple, "--fuse-ple"),
+            (self.gemv_unroll8, "--gemv-unroll8"),
+            (self.attn_prefetch, "--attn-prefetch"),
+            (self.attn_smem_tile, "--attn-tile"),
+            (
+                self.attn_by_head_dim.is_some(),
+                "--attn-runtime-hd / --attn-hd-kernels",
+            ),
+            (
+                self.attn_warp_values != d.attn_warp_values,
+                "--no-attn-warp-values",
+            ),
+            (self.attn_min_keys != d.attn_min_keys, "--attn-min-keys"),
+            (self.tensor_core_gemv != d.tensor_core_gemv, "--no-tc-gemv"),
+            (self.tensor_core_ring, "--tc-ring"),
+            (
+                self.tensor_core_kwarps != d.tensor_core_kwarps,
+                "--no-tc-kwarps",
+            ),
+            (self.single_kernel, "--single-kernel"),
+            (self.l2_prefetch != d.l2_prefetch, "--l2-prefetch"),
+            (self.l2_prefetch_own, "--l2-prefetch-own"),
+            (
+                self.l2_prefetch_attn != d.l2_prefetch_attn,
+                "--l2-prefetch-attn",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(on, flag)| on.then_some(flag))
+    }
+
     /// Whether the int4 decode GEMVs run on tensor cores (`gemv_mma`): asked for, int4, and no
     /// other GEMV variant asked for (those are explicit choices; the tensor-core one is a
     /// default).
@@ -184,7 +244,7 @@ impl CudaOptions {
             && self.quant == Quant::Int4
             && !(self.persistent_gemv
                 || self.single_kernel
-                || self.streamed_step
+                || self.streamed()
                 || self.gemv_unroll8
                 || self.fuse_ple)
     }
@@ -209,7 +269,7 @@ impl CudaOptions {
     /// form, so with int8 activations those two products would not be what the CPU twin
     /// (`check::decode_matmul_inputs`: int8 for every product) computes.
     pub fn conflict(&self) -> Option<String> {
-        (self.fuse_ple && self.uses_int8_activations() && !self.streamed_step).then(|| {
+        (self.fuse_ple && self.uses_int8_activations() && !self.streamed()).then(|| {
             "--fuse-ple (the PLE gate and projection as one launch, gemv_pair) has no int8 \
              activations: not with --quant int4-a8 / --int8-activations"
                 .to_string()
@@ -218,11 +278,11 @@ impl CudaOptions {
 
     /// The decode GEMV in use, in words (benchmark reports).
     pub fn gemv_name(&self) -> &'static str {
-        if self.streamed_step && self.quant == Quant::Bf16 {
+        if self.streamed() && self.quant == Quant::Bf16 {
             "streamed step (bf16 weights, float activations)"
-        } else if self.streamed_step && self.uses_int8_activations() {
+        } else if self.streamed() && self.uses_int8_activations() {
             "streamed step (W4A8, integer mma)"
-        } else if self.streamed_step {
+        } else if self.streamed() {
             "streamed step (int4 weights, 23-bit fixed-point activations, integer mma)"
         } else if self.single_kernel {
             "single-kernel step"
@@ -328,6 +388,83 @@ mod tests {
     }
 
     #[test]
+    fn auto_keeps_the_launch_plan_for_its_variants_only() {
+        let d = CudaOptions::default();
+        assert_eq!(d.launch_plan_variant(), None);
+        // Neither the format, the step's own choices nor the context size are launch-plan
+        // variants.
+        let o = CudaOptions {
+            quant: Quant::Bf16,
+            int8_activations: true,
+            max_context: Some(4096),
+            use_graph: false,
+            streamed_step: StreamedStep::Auto,
+            batched_prefill: false,
+            ..d.clone()
+        };
+        assert_eq!(o.launch_plan_variant(), None);
+        assert!(!o.streamed(), "Auto is undecided until the runner builds");
+        for (o, flag) in [
+            (
+                CudaOptions {
+                    pdl: false,
+                    ..d.clone()
+                },
+                "--no-pdl",
+            ),
+            (
+                CudaOptions {
+                    persistent_gemv: true,
+                    ..d.clone()
+                },
+                "--persistent-gemv",
+            ),
+            (
+                CudaOptions {
+                    tensor_core_gemv: false,
+                    ..d.clone()
+                },
+                "--no-tc-gemv",
+            ),
+            (
+                CudaOptions {
+                    attn_min_keys: 8,
+                    ..d.clone()
+                },
+                "--attn-min-keys",
+            ),
+            (
+                CudaOptions {
+                    attn_by_head_dim: Some(true),
+                    ..d.clone()
+                },
+                "--attn-runtime-hd / --attn-hd-kernels",
+            ),
+            (
+                CudaOptions {
+                    l2_prefetch_attn: 2,
+                    ..d.clone()
+                },
+                "--l2-prefetch-attn",
+            ),
+            (
+                CudaOptions {
+                    single_kernel: true,
+                    ..d.clone()
+                },
+                "--single-kernel",
+            ),
+        ] {
+            assert_eq!(o.launch_plan_variant(), Some(flag));
+        }
+        let on = CudaOptions {
+            streamed_step: StreamedStep::On,
+            ..d
+        };
+        assert!(on.streamed() && !on.uses_tensor_cores());
+    }
+
+    #[test]
     fn the_fused_ple_launch_refuses_int8_activations() {
         let fused = CudaOptions {
             fuse_ple: true,
@@ -342,7 +479,7 @@ mod tests {
         // The streamed step (its own PLE operations) and int4-a8 without fusion are fine.
         for ok in [
             CudaOptions {
-                streamed_step: true,
+                streamed_step: StreamedStep::On,
                 ..a8.clone()
             },
             CudaOptions {

@@ -26,74 +26,102 @@ fn stream_rings(quant: Quant, int8: bool) -> (&'static [(usize, &'static str)], 
     }
 }
 
-impl CudaRunner {
-    /// The streamed step's launch shape on this GPU: the deepest ring that fits beside the GEMV
-    /// input (or three attention items' scratch) and the int8 fragments.
-    pub(super) fn stream_config(&self, max_cols: usize) -> Result<StepConfig, CudaError> {
-        let spec = &self.model.spec;
-        let (rings, chunk) = stream_rings(self.quant, self.int8_act);
-        if !(self.quant == Quant::Int4 && self.int8_act)
-            && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1))
-        {
-            return Err(CudaError::Unsupported(
-                "streamed step: a build with the fused or split PLE forms has only W4A8 kernels (--quant int4-a8)"
-                    .into(),
-            ));
-        }
-        if max_cols > 96 * 128 {
+/// The streamed step's launch shape on this GPU: the deepest ring that fits beside the GEMV
+/// input (or three attention items' scratch) and the int8 fragments. Sets the kernel's
+/// shared-memory limit; an error (`Unsupported`) where the step cannot run here. Called before
+/// any weight is uploaded (`CudaRunner::new`), so `Auto` falls back to the launch plan cheaply.
+/// `deepest_only` (`Auto`): only the deepest ring, the one measured against the launch plan (a
+/// shallower one, e.g. int4's two chunks on an A10G, has not been).
+pub(super) fn stream_config(
+    gpu: &Gpu,
+    spec: &hayai_model::ModelSpec,
+    quant: Quant,
+    int8_act: bool,
+    max_cols: usize,
+    deepest_only: bool,
+) -> Result<StepConfig, CudaError> {
+    let (rings, chunk) = stream_rings(quant, int8_act);
+    if !(quant == Quant::Int4 && int8_act) && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1)) {
+        return Err(CudaError::Unsupported(
+            "streamed step: a build with the fused or split PLE forms has only W4A8 kernels (--quant int4-a8)"
+                .into(),
+        ));
+    }
+    if max_cols > 96 * 128 {
+        return Err(CudaError::Unsupported(format!(
+            "streamed step: GEMV width {max_cols} (at most 12,288)"
+        )));
+    }
+    if let Some(p) = &spec.ple {
+        if p.dim > STREAM_WARPS * 32 {
             return Err(CudaError::Unsupported(format!(
-                "streamed step: GEMV width {max_cols} (at most 12,288)"
+                "streamed step: per-layer embedding width {} (at most {})",
+                p.dim,
+                STREAM_WARPS * 32
             )));
         }
-        if let Some(p) = &spec.ple {
-            if p.dim > STREAM_WARPS * 32 {
-                return Err(CudaError::Unsupported(format!(
-                    "streamed step: per-layer embedding width {} (at most {})",
-                    p.dim,
-                    STREAM_WARPS * 32
-                )));
-            }
-        }
-        let x_floats = stream_x_floats(spec, max_cols)?;
-        let mut room = 0;
-        let mut fits = None;
-        for &(n, k) in rings.iter() {
-            room = self.gpu.max_dynamic_smem(k)?;
-            if n * chunk + x_floats * 4 + STREAM_XF_BYTES <= room {
-                fits = Some((n, k));
-                break;
-            }
-        }
-        let (nch, kernel) = fits.ok_or_else(|| {
-            CudaError::Unsupported(format!(
-                "streamed step: GEMV width {max_cols} leaves no room for a ring in {room} bytes of shared memory"
-            ))
-        })?;
-        let smem = nch * chunk + x_floats * 4 + STREAM_XF_BYTES;
-        self.gpu.set_max_dynamic_smem(kernel, smem)?;
-        let per_sm = unsafe {
-            cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
-                self.gpu.func(kernel),
-                STREAM_THREADS as i32,
-                smem,
-            )
-        }
-        .map_err(drv)? as usize;
-        if per_sm == 0 {
-            return Err(CudaError::Unsupported(
-                "streamed step: no block fits on an SM".into(),
-            ));
-        }
-        let grid = stream_grid(self.gpu.sm_count as usize, env_i32("HAYAI_STREAM_SMS"))?;
-        Ok(StepConfig {
-            kernel,
-            grid,
-            smem,
-            x_floats,
-            warps: grid * STREAM_WARPS,
-        })
     }
+    let x_floats = stream_x_floats(spec, max_cols)?;
+    // HAYAI_STREAM_RING=N (a measurement): only the N-chunk ring, e.g. the two-chunk ring an
+    // A10G gets, measured on a GPU where the deepest fits.
+    let want = env_i32("HAYAI_STREAM_RING");
+    if let Some(n) = want {
+        if !rings.iter().any(|&(d, _)| d as i32 == n) {
+            return Err(CudaError::Unsupported(format!(
+                "HAYAI_STREAM_RING={n}: the kernels have rings of {:?} chunks",
+                rings.iter().map(|r| r.0).collect::<Vec<_>>()
+            )));
+        }
+    }
+    let mut room = 0;
+    let mut fits = None;
+    for &(n, k) in rings
+        .iter()
+        .filter(|r| want.is_none_or(|w| r.0 as i32 == w))
+    {
+        room = gpu.max_dynamic_smem(k)?;
+        if n * chunk + x_floats * 4 + STREAM_XF_BYTES <= room {
+            fits = Some((n, k));
+            break;
+        }
+    }
+    let (nch, kernel) = fits.ok_or_else(|| {
+        CudaError::Unsupported(format!(
+            "streamed step: GEMV width {max_cols} leaves no room for a ring in {room} bytes of shared memory"
+        ))
+    })?;
+    if deepest_only && want.is_none() && nch != rings[0].0 {
+        return Err(CudaError::Unsupported(format!(
+            "streamed step: only its {nch}-chunk ring fits in {room} bytes of shared memory, \
+             not measured against the launch plan (--streamed-step runs it)"
+        )));
+    }
+    let smem = nch * chunk + x_floats * 4 + STREAM_XF_BYTES;
+    gpu.set_max_dynamic_smem(kernel, smem)?;
+    let per_sm = unsafe {
+        cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+            gpu.func(kernel),
+            STREAM_THREADS as i32,
+            smem,
+        )
+    }
+    .map_err(drv)? as usize;
+    if per_sm == 0 {
+        return Err(CudaError::Unsupported(
+            "streamed step: no block fits on an SM".into(),
+        ));
+    }
+    let grid = stream_grid(gpu.sm_count as usize, env_i32("HAYAI_STREAM_SMS"))?;
+    Ok(StepConfig {
+        kernel,
+        grid,
+        smem,
+        x_floats,
+        warps: grid * STREAM_WARPS,
+    })
+}
 
+impl CudaRunner {
     /// The recorded launch plan as the streamed step's operation list, the per-SM weight
     /// streams built and uploaded, and the one launch that runs it.
     pub(super) fn stream_launch(&mut self) -> Result<Launch, CudaError> {
