@@ -362,6 +362,12 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
         .context("starting the server")?;
     let mut guard = ChildGuard(child);
     wait_ready(&base, &mut guard.0, &dir.join("server.stderr.log"))?;
+    // What the server runs on, as it says (e.g. which decode step, and why not the other).
+    let engine = hayai_bench::http::Client::new(&base, None)
+        .and_then(|c| c.get_json("/health"))
+        .ok()
+        .and_then(|h| h["backend"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "(the server's /health gave none)".into());
 
     let bench = hayai_bench::BenchOptions {
         base_url: base.clone(),
@@ -397,6 +403,7 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
     println!();
     println!("== hayai demo: {} ==", model_path.display());
     println!("backend          {backend}");
+    println!("engine           {engine}");
     println!(
         "requests         {} completed, {} failed",
         b.summary.completed,
