@@ -350,9 +350,9 @@ run() {
   if has demo; then
     local v
     for v in "" --no-streamed-step; do
-      stage "demo $v (real 270M, 128 x 512 + PPL)"
+      stage "demo ${v:-(default step)} (real 270M, 128 x 512 + PPL)"
       timeout 300 .gpu/hayai demo --model "$G" --device cuda $v > "$out/demo$v.log" 2>&1
-      tail -12 "$out/demo$v.log" | tee -a "$out/session.log"
+      tail -14 "$out/demo$v.log" | tee -a "$out/session.log"
     done
   fi
   if has ppl; then

@@ -848,9 +848,7 @@ impl GpuVariantArgs {
             ..o
         }
     }
-}
 
-impl GpuVariantArgs {
     /// These variants as command-line arguments (the non-default ones), so a child process
     /// (`hayai demo`'s server) runs the kernels this one was asked for.
     pub fn to_args(self) -> Vec<String> {
