@@ -31,7 +31,7 @@ fn stream_rings(quant: Quant, int8: bool) -> (&'static [(usize, &'static str)], 
 /// shared-memory limit; an error (`Unsupported`) where the step cannot run here. Called before
 /// any weight is uploaded (`CudaRunner::new`), so `Auto` falls back to the launch plan cheaply.
 /// `deepest_only` (`Auto`): only the deepest ring, the one measured against the launch plan (a
-/// shallower one, e.g. int4's two chunks on an A10G, has not been).
+/// shallower one, e.g. int4's two chunks on an A10G, has not been; `choose_ring`).
 pub(super) fn stream_config(
     gpu: &Gpu,
     spec: &hayai_model::ModelSpec,
@@ -62,41 +62,22 @@ pub(super) fn stream_config(
         }
     }
     let x_floats = stream_x_floats(spec, max_cols)?;
-    // HAYAI_STREAM_RING=N (a measurement): only the N-chunk ring, e.g. the two-chunk ring an
-    // A10G gets, measured on a GPU where the deepest fits.
-    let want = env_i32("HAYAI_STREAM_RING");
-    if let Some(n) = want {
-        if !rings.iter().any(|&(d, _)| d as i32 == n) {
-            return Err(CudaError::Unsupported(format!(
-                "HAYAI_STREAM_RING={n}: the kernels have rings of {:?} chunks",
-                rings.iter().map(|r| r.0).collect::<Vec<_>>()
-            )));
+    let need = x_floats * 4 + STREAM_XF_BYTES;
+    let (nch, kernel) = choose_ring(
+        rings,
+        chunk,
+        need,
+        |k| gpu.max_dynamic_smem(k),
+        env_i32("HAYAI_STREAM_RING"),
+        deepest_only,
+    )
+    .map_err(|e| match e {
+        CudaError::Unsupported(m) => {
+            CudaError::Unsupported(format!("streamed step: GEMV width {max_cols}: {m}"))
         }
-    }
-    let mut room = 0;
-    let mut fits = None;
-    for &(n, k) in rings
-        .iter()
-        .filter(|r| want.is_none_or(|w| r.0 as i32 == w))
-    {
-        room = gpu.max_dynamic_smem(k)?;
-        if n * chunk + x_floats * 4 + STREAM_XF_BYTES <= room {
-            fits = Some((n, k));
-            break;
-        }
-    }
-    let (nch, kernel) = fits.ok_or_else(|| {
-        CudaError::Unsupported(format!(
-            "streamed step: GEMV width {max_cols} leaves no room for a ring in {room} bytes of shared memory"
-        ))
+        e => e,
     })?;
-    if deepest_only && want.is_none() && nch != rings[0].0 {
-        return Err(CudaError::Unsupported(format!(
-            "streamed step: only its {nch}-chunk ring fits in {room} bytes of shared memory, \
-             not measured against the launch plan (--streamed-step runs it)"
-        )));
-    }
-    let smem = nch * chunk + x_floats * 4 + STREAM_XF_BYTES;
+    let smem = nch * chunk + need;
     gpu.set_max_dynamic_smem(kernel, smem)?;
     let per_sm = unsafe {
         cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
@@ -386,6 +367,49 @@ impl CudaRunner {
             )))
         }
     }
+}
+
+/// The ring `stream_config` takes: the deepest of `rings` (deepest first) whose chunks fit with
+/// `need` bytes beside them in `room(kernel)` bytes of dynamic shared memory; `want`
+/// (`HAYAI_STREAM_RING`, a measurement): only that depth, e.g. the two-chunk ring an A10G gets,
+/// on a GPU where the deepest fits; `deepest_only` (`Auto`): the deepest or none, the one
+/// measured against the launch plan.
+fn choose_ring(
+    rings: &[(usize, &'static str)],
+    chunk: usize,
+    need: usize,
+    mut room: impl FnMut(&'static str) -> Result<usize, CudaError>,
+    want: Option<i32>,
+    deepest_only: bool,
+) -> Result<(usize, &'static str), CudaError> {
+    if let Some(n) = want {
+        if !rings.iter().any(|&(d, _)| d as i32 == n) {
+            return Err(CudaError::Unsupported(format!(
+                "HAYAI_STREAM_RING={n}: the kernels have rings of {:?} chunks",
+                rings.iter().map(|r| r.0).collect::<Vec<_>>()
+            )));
+        }
+    }
+    let mut last_room = 0;
+    for &(n, k) in rings
+        .iter()
+        .filter(|r| want.is_none_or(|w| r.0 as i32 == w))
+    {
+        last_room = room(k)?;
+        if n * chunk + need > last_room {
+            continue;
+        }
+        if deepest_only && want.is_none() && n != rings[0].0 {
+            return Err(CudaError::Unsupported(format!(
+                "only its {n}-chunk ring fits in {last_room} bytes of shared memory, not measured \
+                 against the launch plan (--streamed-step runs it)"
+            )));
+        }
+        return Ok((n, k));
+    }
+    Err(CudaError::Unsupported(format!(
+        "no room for a ring in {last_room} bytes of shared memory"
+    )))
 }
 
 /// Floats of the streamed step's GEMV input area (beside the int8 fragments, which follow it):
@@ -966,6 +990,46 @@ struct StreamRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The A10G's case without one: ~99 KB of shared memory a block (101,376 bytes on sm_86)
+    /// holds E4B's int4 rings only as two chunks, which `Auto` refuses (the launch plan runs) and
+    /// `--streamed-step` takes; bf16 has no ring there; the H200's 227 KB take the deepest.
+    #[test]
+    fn rings_fit_the_gpu_and_auto_takes_the_deepest_only() {
+        let spec = crate::synth::e4b_spec();
+        let need = stream_x_floats(&spec, 10240).unwrap() * 4 + STREAM_XF_BYTES;
+        let (a10g, h200) = (101_376usize, 232_448usize);
+        let room = |b: usize| move |_: &'static str| Ok::<usize, CudaError>(b);
+        for int8 in [false, true] {
+            let (rings, chunk) = stream_rings(Quant::Int4, int8);
+            let deep = choose_ring(rings, chunk, need, room(h200), None, true).unwrap();
+            assert_eq!(deep, rings[0]);
+            let e = choose_ring(rings, chunk, need, room(a10g), None, true)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("only its 2-chunk ring fits"), "{e}");
+            let on = choose_ring(rings, chunk, need, room(a10g), None, false).unwrap();
+            assert_eq!(on.0, 2);
+            // The measurement knob takes the shallow ring where the deepest fits.
+            let two = choose_ring(rings, chunk, need, room(h200), Some(2), true).unwrap();
+            assert_eq!(two.0, 2);
+            let e = choose_ring(rings, chunk, need, room(h200), Some(3), false)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("HAYAI_STREAM_RING=3"), "{e}");
+        }
+        let (rings, chunk) = stream_rings(Quant::Bf16, false);
+        assert_eq!(
+            choose_ring(rings, chunk, need, room(h200), None, true)
+                .unwrap()
+                .0,
+            rings[0].0
+        );
+        let e = choose_ring(rings, chunk, need, room(a10g), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no room for a ring in 101376 bytes"), "{e}");
+    }
 
     #[test]
     fn stream_grid_takes_every_sm_or_a_valid_count() {
