@@ -331,9 +331,8 @@ pub struct CudaRunner {
     attn_tile_dims: Vec<usize>,
     /// The single-kernel (or streamed) step's launch shape, when it is in use.
     step_kernel: Option<StepConfig>,
-    /// The step runs as the streamed step (kernels/stream_step.cu).
-    streamed: bool,
-    /// The options it was built with, `Auto` decided.
+    /// The options it was built with, `Auto` decided (`opts.streamed()`: the step runs as the
+    /// streamed step, kernels/stream_step.cu).
     opts: CudaOptions,
     /// Why `Auto` kept the launch plan (None: not asked, or the streamed step runs).
     launch_plan_reason: Option<String>,
@@ -669,7 +668,6 @@ impl CudaRunner {
                 && opts.tensor_core_kwarps
                 && !opts.tensor_core_ring,
             step_kernel: None,
-            streamed: false,
             stream_debug: None,
             stream_timeline: None,
             step_profile: None,
@@ -688,7 +686,6 @@ impl CudaRunner {
         }
         if let Some(cfg) = stream_cfg {
             r.step_kernel = Some(cfg);
-            r.streamed = true;
         }
         if opts.attn_smem_tile {
             // Each head dim whose K/V tile (2 x 32 rows) fits beside the static shared memory.
@@ -704,7 +701,7 @@ impl CudaRunner {
             r.attn_tile_dims = dims;
         }
         // The streamed step's K splits are its stream layout's, for the SMs it runs on.
-        let plan_sm = match (&r.step_kernel, r.streamed) {
+        let plan_sm = match (&r.step_kernel, r.opts.streamed()) {
             (Some(k), true) => k.grid,
             _ => sm,
         };
@@ -721,7 +718,7 @@ impl CudaRunner {
             false,
             PrefetchFrom::Attention,
         );
-        if r.streamed {
+        if r.opts.streamed() {
             r.plan = vec![r.stream_launch()?];
         } else if r.step_kernel.is_some() {
             r.plan = vec![r.step_launch()?];

@@ -38,7 +38,8 @@ pub enum StreamedStep {
     /// The streamed step where it can run here as measured, else the launch plan: no
     /// launch-plan variant asked for ([`CudaOptions::launch_plan_variant`]), its deepest ring
     /// (the one measured against the launch plan) fits this GPU's shared memory, and the runner
-    /// with it builds (the weights' second copy fits, every matrix has whole cells). [`super::CudaRunner::new`] decides; [`super::CudaRunner::options`] says how.
+    /// with it builds (the weights' second copy fits, every matrix has whole cells).
+    /// [`super::CudaRunner::new`] decides; [`super::CudaRunner::options`] says how.
     Auto,
     /// The streamed step, or an error saying why it cannot run here.
     On,

@@ -175,7 +175,7 @@ impl CudaRunner {
     /// `label`: the GEMV's stream label (the streamed step's split caps are by label).
     fn mat_splits(&self, m: &DevMat, sm: usize, label: &str) -> usize {
         let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
-        if self.streamed {
+        if self.opts.streamed() {
             // The stream layout's own K splits under its caps (its gate/up: 1, at the call site),
             // over its cells' groups (int4: 128 columns, bf16: 64).
             let cap = crate::step_streams::splits_cap(label);
@@ -449,7 +449,7 @@ impl CudaRunner {
             // for `gemv`). `gemv_mma` has half as many blocks per matrix and splits it, the GeGLU
             // applied by the last block of each row tile after the split sum.
             let tc = self.tc_gemv && dl.gateup.int4;
-            let sgu = if self.streamed {
+            let sgu = if self.opts.streamed() {
                 1
             } else if self.persistent || self.step_kernel.is_some() || tc {
                 self.mat_splits(&dl.gateup, sm, "gemv.gate_up")

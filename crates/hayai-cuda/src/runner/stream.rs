@@ -991,9 +991,10 @@ struct StreamRecords {
 mod tests {
     use super::*;
 
-    /// The A10G's case without one: ~99 KB of shared memory a block (101,376 bytes on sm_86)
-    /// holds E4B's int4 rings only as two chunks, which `Auto` refuses (the launch plan runs) and
-    /// `--streamed-step` takes; bf16 has no ring there; the H200's 227 KB take the deepest.
+    /// The A10G's case, checked without one: ~99 KB of shared memory a block (101,376 bytes on
+    /// sm_86) holds E4B's int4 rings only as two chunks, which `Auto` refuses (the launch plan
+    /// runs) and `--streamed-step` takes; bf16 has no ring there; the H200's 227 KB take the
+    /// deepest.
     #[test]
     fn rings_fit_the_gpu_and_auto_takes_the_deepest_only() {
         let spec = crate::synth::e4b_spec();
