@@ -190,6 +190,14 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
     const uint4* src = P.stream + P.sm_base[blockIdx.x] * CU4;
     const unsigned nch = (total + SS_CH - 1) / SS_CH;
     unsigned issued = 0, done = 0, pf = 0;
+    // The ring's copies mark their lines evict-first: every step reads its weights once through
+    // the L2 (2.4-9.3 GB a step against 50 MB), and what it reads again (partials, flags, KV rows,
+    // the look-ahead's lines) then stays. Measured with the copies' policy as a build switch:
+    // W4A16 550.7-551.8 against 545.4-545.5 tok/s, bf16 308.4 against 303.6, W4A8 574.4
+    // against 572.8 (docs/performance.md, thirty-eighth session); the look-ahead's pulls as
+    // evict-last on top of it no better (547.9-549.5), a deeper look-ahead still slower.
+    uint64_t pol_copy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol_copy));
     while (done < nch) {
         bool moved = false;
         if (issued < nch && (issued < NCH || done > issued - NCH)) {
@@ -207,13 +215,16 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
                                  "r"(n16 * 16)
                                  : "memory");
                     asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                            ss_smem(dst)),
-                        "l"(from), "r"(n16 * 16), "r"(ss_smem(&full[slot]))
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
+                        "%2, [%3], %4;" ::"r"(ss_smem(dst)),
+                        "l"(from), "r"(n16 * 16), "r"(ss_smem(&full[slot])), "l"(pol_copy)
                         : "memory");
                 }
 #else
-                for (unsigned i = lane; i < n16; i += 32) cp_async16(dst + i, from + i);
+                for (unsigned i = lane; i < n16; i += 32)
+                    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(ss_smem(dst + i)),
+                                 "l"(from + i), "l"(pol_copy)
+                                 : "memory");
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(ss_smem(&full[slot])) : "memory");
 #endif
                 if (lane == 0) ss_tl_chunk(P, issued, 0);
@@ -236,10 +247,11 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
             constexpr unsigned PFD = CU4 == SS_CELL_U4 ? SS_PFD : SS_PFD16;
             if (pf < issued) pf = issued;
             if (pf < nch && pf < issued + PFD && !*hold) {
-                if (lane == 0)
+                if (lane == 0) {
                     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)pf * SS_CH * CU4),
                                  "r"(min((unsigned)SS_CH, total - pf * SS_CH) * CU4 * 16)
                                  : "memory");
+                }
                 pf++;
                 continue;
             }
