@@ -247,11 +247,10 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
             constexpr unsigned PFD = CU4 == SS_CELL_U4 ? SS_PFD : SS_PFD16;
             if (pf < issued) pf = issued;
             if (pf < nch && pf < issued + PFD && !*hold) {
-                if (lane == 0) {
+                if (lane == 0)
                     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (size_t)pf * SS_CH * CU4),
                                  "r"(min((unsigned)SS_CH, total - pf * SS_CH) * CU4 * 16)
                                  : "memory");
-                }
                 pf++;
                 continue;
             }
