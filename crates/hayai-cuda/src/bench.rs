@@ -69,6 +69,12 @@ pub struct BenchReport {
     /// Read bandwidth measured with a streaming kernel in the same process.
     pub measured_read_gb_s: f64,
     pub pct_of_measured: f64,
+    /// One run of the same decode by `greedy_step` in a loop (the host reads each token before
+    /// it launches the next step).
+    pub stepwise_tok_s: f64,
+    /// One run with no host read between steps (`greedy_chain`): the bound on what the host's
+    /// turn between steps costs.
+    pub chained_tok_s: f64,
     /// One eagerly launched step, by kernel label (event-timed; launch gaps included).
     pub per_kernel: Vec<KernelTime>,
     pub profiled_step_ms: f64,
@@ -110,6 +116,17 @@ impl BenchReport {
                 .map(|v| (v * 10.0).round() / 10.0)
                 .collect::<Vec<_>>(),
             self.ms_per_token
+        );
+        let vs = |v: f64| {
+            format!(
+                "{v:.1} tok/s ({:+.1} us a step)",
+                1e3 * (1e3 / v - self.ms_per_token)
+            )
+        };
+        s += &format!(
+            "  the host's turn: a read before each launch (greedy_step) {}; no read between steps {}\n",
+            vs(self.stepwise_tok_s),
+            vs(self.chained_tok_s)
         );
         s += &format!(
             "kernels/step: {}  weight bytes/token: {:.3} GB\n",
@@ -209,26 +226,59 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         },
     )?;
     let prompt = bench_prompt(opts.prompt_len.max(1), vocab);
-    let mut runs = Vec::new();
-    let mut prefill_ms = 0.0;
-    for run in 0..=opts.runs.max(1) {
+    // Prefill the prompt afresh; its argmax is the first token to feed.
+    let prefill = |r: &mut CudaRunner| -> Result<(u32, f64), CudaError> {
         r.truncate(0);
         let t = Instant::now();
         let mut next = 0u32;
         r.forward(&prompt, Rows::Last, &mut |_, l| {
             next = hayai_model::argmax(l);
         })?;
-        let pf = t.elapsed().as_secs_f64() * 1e3;
+        Ok((next, t.elapsed().as_secs_f64() * 1e3))
+    };
+    // The timed runs decode as the engine does (`greedy_decode`: a step queued ahead of the
+    // host's read); one more run each way shows what the host's turn between steps costs:
+    // `greedy_step` in a loop (a read and a launch between steps), and `greedy_chain` (no
+    // read between steps at all). All three must end on the same token.
+    let mut runs = Vec::new();
+    let mut prefill_ms = 0.0;
+    let mut last = 0u32;
+    for run in 0..=opts.runs.max(1) {
+        let (next, pf) = prefill(&mut r)?;
         let t = Instant::now();
-        for _ in 0..opts.gen {
-            next = r.greedy_step(next)?;
-        }
+        let n = r.greedy_decode(next, opts.gen, &mut |tok| {
+            last = tok;
+            true
+        })?;
         let dt = t.elapsed().as_secs_f64();
+        if n != opts.gen {
+            return Err(CudaError::Unsupported(format!(
+                "greedy_decode stopped after {n} of {} tokens",
+                opts.gen
+            )));
+        }
         if run > 0 {
             runs.push(opts.gen as f64 / dt);
             prefill_ms = pf;
         }
     }
+    let (mut next, _) = prefill(&mut r)?;
+    let t = Instant::now();
+    for _ in 0..opts.gen {
+        next = r.greedy_step(next)?;
+    }
+    let stepwise_tok_s = opts.gen as f64 / t.elapsed().as_secs_f64();
+    let (first, _) = prefill(&mut r)?;
+    let t = Instant::now();
+    let chained = r.greedy_chain(first, opts.gen)?;
+    let chained_tok_s = opts.gen as f64 / t.elapsed().as_secs_f64();
+    if opts.gen > 0 && (next != last || chained != last) {
+        return Err(CudaError::Unsupported(format!(
+            "decode loops disagree: greedy_decode ended on token {last}, greedy_step on {next}, \
+             greedy_chain on {chained}"
+        )));
+    }
+
     let mut sorted = runs.clone();
     sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let tok_s = sorted[sorted.len() / 2];
@@ -277,6 +327,8 @@ pub fn bench_engine(model: Arc<Model>, opts: &BenchOptions) -> Result<BenchRepor
         achieved_gb_s: achieved,
         measured_read_gb_s: bw,
         pct_of_measured: 100.0 * achieved / bw,
+        stepwise_tok_s,
+        chained_tok_s,
         per_kernel: per,
         profiled_step_ms,
         ops,

@@ -43,6 +43,37 @@ impl Drop for DevBuf {
     }
 }
 
+/// Pinned host slots for one `i32` each, and an event per slot: a decode loop copies step k's
+/// token into a slot without waiting for the stream, launches step k + 1, and only then waits
+/// for slot k's event (`Gpu::read` syncs the stream, so nothing could be queued behind it).
+pub(crate) struct HostSlots {
+    host: *mut i32,
+    events: Vec<sys::CUevent>,
+    ctx: Arc<CudaContext>,
+}
+
+impl HostSlots {
+    /// Wait until slot `i`'s copy has landed, and read it.
+    pub fn wait(&self, i: usize) -> Result<i32, CudaError> {
+        unsafe { result::event::synchronize(self.events[i]) }.map_err(drv)?;
+        // SAFETY: the slot is ours, in bounds, and its copy has completed.
+        Ok(unsafe { std::ptr::read_volatile(self.host.add(i)) })
+    }
+}
+
+impl Drop for HostSlots {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            unsafe {
+                for &e in &self.events {
+                    let _ = result::event::destroy(e);
+                }
+                let _ = result::free_host(self.host as *mut c_void);
+            }
+        }
+    }
+}
+
 pub(crate) struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -224,6 +255,34 @@ impl Gpu {
     pub fn read<T: Copy>(&self, ptr: u64, out: &mut [T]) -> Result<(), CudaError> {
         unsafe { result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }.map_err(drv)?;
         self.sync()
+    }
+
+    /// `n` pinned token slots (see [`HostSlots`]).
+    pub fn host_slots(&self, n: usize) -> Result<HostSlots, CudaError> {
+        self.bind()?;
+        let host = unsafe { result::malloc_host(n.max(1) * 4, 0) }.map_err(drv)? as *mut i32;
+        let mut slots = HostSlots {
+            host,
+            events: Vec::with_capacity(n),
+            ctx: self.ctx.clone(),
+        };
+        for _ in 0..n {
+            let e =
+                result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(drv)?;
+            slots.events.push(e);
+        }
+        Ok(slots)
+    }
+
+    /// Copy the `i32` at `src` into slot `i` after the stream's pending work, without waiting.
+    pub fn read_async(&self, slots: &HostSlots, i: usize, src: u64) -> Result<(), CudaError> {
+        assert!(i < slots.events.len());
+        // SAFETY: slot i is pinned host memory of this context, in bounds.
+        let dst = unsafe { std::slice::from_raw_parts_mut(slots.host.add(i), 1) };
+        unsafe {
+            result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()).map_err(drv)?;
+            result::event::record(slots.events[i], self.stream.cu_stream()).map_err(drv)
+        }
     }
 
     pub fn sync(&self) -> Result<(), CudaError> {

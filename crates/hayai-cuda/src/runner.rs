@@ -348,6 +348,8 @@ pub struct CudaRunner {
     len: usize,
     /// What `step_io` holds on the device, when known: (token, position).
     dev_io: Option<(u32, usize)>,
+    /// Pinned token slots of `greedy_decode` (made on first use).
+    readback: Option<crate::device::HostSlots>,
     logits_host: Vec<f32>,
 }
 
@@ -677,6 +679,7 @@ impl CudaRunner {
             launch_plan_reason: None,
             len: 0,
             dev_io: None,
+            readback: None,
             logits_host: vec![0.0; spec.vocab],
             model,
             gpu,
@@ -780,6 +783,14 @@ impl CudaRunner {
             let io = [token as i32, self.len as i32];
             self.gpu.write(self.scratch.step_io.ptr(), &io)?;
         }
+        self.launch_step()?;
+        self.len += 1;
+        self.dev_io = None;
+        Ok(())
+    }
+
+    /// One step's launches (the graph, or the plan eagerly), inputs as `step_io` holds them.
+    fn launch_step(&self) -> Result<(), CudaError> {
         match &self.graph {
             Some(g) => g.launch().map_err(drv)?,
             None => {
@@ -788,9 +799,27 @@ impl CudaRunner {
                 }
             }
         }
-        self.len += 1;
-        self.dev_io = None;
         Ok(())
+    }
+
+    /// `n` greedy steps from `token` with no host read between them: each step takes the token
+    /// its predecessor's argmax left in `step_io`, and only the last one's comes back. The same
+    /// tokens as `n` calls of `greedy_step`; the benchmark times it to show what the per-token
+    /// read (and the host's turn around it) costs a step.
+    pub(crate) fn greedy_chain(&mut self, token: u32, n: usize) -> Result<u32, ModelError> {
+        hayai_model::runner::check_feed(&self.info, self.len + n.saturating_sub(1), &[token])?;
+        self.gpu.bind()?;
+        self.ensure_graph()?;
+        self.step(token)?;
+        for _ in 1..n {
+            self.launch_step()?;
+            self.len += 1;
+        }
+        let mut out = [0i32; 1];
+        self.gpu.read(self.scratch.out_tok.ptr(), &mut out)?;
+        let t = out[0] as u32;
+        self.dev_io = Some((t, self.len));
+        Ok(t)
     }
 
     /// Run the step's kernels one by one, timing each with events: (label, ms) in plan order.
@@ -962,6 +991,60 @@ impl Runner for CudaRunner {
         let t = out[0] as u32;
         self.dev_io = Some((t, self.len));
         Ok(t)
+    }
+
+    /// One step ahead of the host: step k + 1 (fed step k's argmax on the device) is queued
+    /// before step k's token is read, so the GPU never waits for the host's turn between
+    /// steps. A step run ahead past a refusal is dropped (`len` not advanced by it).
+    fn greedy_decode(
+        &mut self,
+        token: u32,
+        max: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, ModelError> {
+        if max == 0 {
+            return Ok(0);
+        }
+        hayai_model::runner::check_feed(&self.info, self.len, &[token])?;
+        self.gpu.bind()?;
+        self.ensure_graph()?;
+        if self.readback.is_none() {
+            self.readback = Some(self.gpu.host_slots(2)?);
+        }
+        let out_tok = self.scratch.out_tok.ptr();
+        self.step(token)?;
+        self.gpu
+            .read_async(self.readback.as_ref().unwrap(), 0, out_tok)?;
+        let mut n = 0;
+        loop {
+            // Another step follows if `on_token` accepts this one; queue it now when it fits.
+            let more = n + 1 < max;
+            let ahead = more && self.len < self.info.max_context;
+            if ahead {
+                self.launch_step()?;
+                self.len += 1;
+                self.gpu
+                    .read_async(self.readback.as_ref().unwrap(), (n + 1) % 2, out_tok)?;
+            }
+            let t = self.readback.as_ref().unwrap().wait(n % 2)? as u32;
+            n += 1;
+            let go = on_token(t);
+            if !(go && more) {
+                if ahead {
+                    // The step ahead fed t; it is not kept (step_io holds its argmax now).
+                    self.len -= 1;
+                    self.dev_io = None;
+                } else {
+                    self.dev_io = Some((t, self.len));
+                }
+                return Ok(n);
+            }
+            if !ahead {
+                // Accepted, but the cache is full: what `greedy_step` would say.
+                self.dev_io = Some((t, self.len));
+                hayai_model::runner::check_feed(&self.info, self.len, &[t])?;
+            }
+        }
     }
 }
 

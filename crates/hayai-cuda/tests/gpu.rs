@@ -523,3 +523,97 @@ fn adaptive_attention_splits_match_the_cpu_reference() {
         });
     }
 }
+
+/// `greedy_decode` (a step queued ahead of the host's read) gives `greedy_step`'s tokens, and
+/// where `on_token` refuses or `max` ends it, the cache it leaves is `greedy_step`'s: decoding
+/// on from there gives the uninterrupted run's tokens. On the streamed step and the launch plan.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn greedy_decode_matches_greedy_step() {
+    use hayai_cuda::CudaRunner;
+    use hayai_model::{Rows, Runner};
+    require_gpu();
+    let mut spec = small_spec(Arch::Gemma4);
+    spec.vocab = 1024; // whole 16-row cells: the streamed step runs
+    let m = std::sync::Arc::new(random_model(&spec, 21));
+    let p = prompt(24, m.spec.vocab);
+    for streamed in [StreamedStep::On, StreamedStep::Off] {
+        let o = CudaOptions {
+            streamed_step: streamed,
+            max_context: Some(128),
+            ..opts(Quant::Int4, false)
+        };
+        let mut r = CudaRunner::new(m.clone(), o).unwrap();
+        let first = |r: &mut CudaRunner| {
+            r.truncate(0);
+            let mut t = 0;
+            r.forward(&p, Rows::Last, &mut |_, l| t = hayai_model::argmax(l))
+                .unwrap();
+            t
+        };
+        // The reference: greedy_step in a loop.
+        let t0 = first(&mut r);
+        let mut want = vec![];
+        let mut t = t0;
+        for _ in 0..60 {
+            t = r.greedy_step(t).unwrap();
+            want.push(t);
+        }
+        assert_eq!(r.len(), p.len() + 60);
+        // All 60 at once.
+        first(&mut r);
+        let mut got = vec![];
+        let n = r
+            .greedy_decode(t0, 60, &mut |t| {
+                got.push(t);
+                true
+            })
+            .unwrap();
+        assert_eq!((n, &got), (60, &want), "{streamed:?}");
+        assert_eq!(r.len(), p.len() + 60);
+        // Refused at the 7th token, then on from there by greedy_step; max at 5, then on by
+        // greedy_decode: the same tokens as the uninterrupted run.
+        first(&mut r);
+        let mut got = vec![];
+        let n = r
+            .greedy_decode(t0, 60, &mut |t| {
+                got.push(t);
+                got.len() < 7
+            })
+            .unwrap();
+        assert_eq!(n, 7);
+        assert_eq!(r.len(), p.len() + 7);
+        let mut t = got[6];
+        for _ in 7..20 {
+            t = r.greedy_step(t).unwrap();
+            got.push(t);
+        }
+        let n = r
+            .greedy_decode(t, 5, &mut |t| {
+                got.push(t);
+                true
+            })
+            .unwrap();
+        assert_eq!(n, 5);
+        assert_eq!(r.len(), p.len() + 25);
+        let last = *got.last().unwrap();
+        r.greedy_decode(last, 35, &mut |t| {
+            got.push(t);
+            true
+        })
+        .unwrap();
+        assert_eq!(got, want, "{streamed:?}");
+        // The context limit: greedy_step's error where the cache is full.
+        first(&mut r);
+        let max_ctx = r.info().max_context;
+        let room = max_ctx - p.len();
+        let mut seen = 0;
+        let e = r.greedy_decode(t0, room + 5, &mut |_| {
+            seen += 1;
+            true
+        });
+        assert!(e.is_err(), "{streamed:?}");
+        assert_eq!(seen, room);
+        assert_eq!(r.len(), max_ctx);
+    }
+}

@@ -60,6 +60,30 @@ pub trait Runner: Send {
         })?;
         Ok(best)
     }
+
+    /// Greedy decode from `token`: feed it, then each argmax in turn, for at most `max` steps.
+    /// `on_token` sees every argmax in order and returns whether to feed it (false: stop
+    /// there). Returns how many argmaxes it saw. Afterwards the cache holds what
+    /// `greedy_step` in a loop leaves: `token` and every argmax seen but the last (a refused
+    /// one, or the `max`-th, is not fed). A backend may compute one step ahead of `on_token`
+    /// (cache rows past `len()`, discarded).
+    fn greedy_decode(
+        &mut self,
+        token: u32,
+        max: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, ModelError> {
+        let mut t = token;
+        let mut n = 0;
+        while n < max {
+            t = self.greedy_step(t)?;
+            n += 1;
+            if !on_token(t) {
+                break;
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// The checks every runner makes before feeding `tokens` after `cached` positions: ids inside

@@ -103,8 +103,12 @@ pub fn synth(preset: &str, seed: u64, out: &Path, dtype: &str) -> Result<()> {
 /// Resolve `synth:PRESET` (an in-memory random model) or a model path.
 fn bench_model(args: &ModelArgs) -> Result<(String, Arc<Model>)> {
     if let Some(preset) = args.model.as_deref().and_then(|m| m.strip_prefix("synth:")) {
-        let spec = hayai_cuda::synth::spec_by_name(preset)
-            .with_context(|| format!("unknown synthetic preset `{preset}`"))?;
+        let spec = hayai_cuda::synth::spec_by_name(preset).with_context(|| {
+            format!(
+                "unknown synthetic preset `{preset}` (known: {})",
+                hayai_cuda::synth::SPEC_NAMES.join(", ")
+            )
+        })?;
         return Ok((
             format!("synth:{preset}"),
             Arc::new(hayai_cuda::synth::random_model_bf16(&spec, 7)),
@@ -156,7 +160,7 @@ pub fn bench_engine(
                     "tensor_core_gemv": r.cuda.tensor_core_gemv, "gemv": r.cuda.gemv_name(),
                     "weight_bytes_per_token": r.weight_bytes_per_token,
                     "achieved_gb_s": r.achieved_gb_s, "measured_read_gb_s": r.measured_read_gb_s,
-                    "pct_of_measured": r.pct_of_measured,
+                    "pct_of_measured": r.pct_of_measured, "stepwise_tok_s": r.stepwise_tok_s, "chained_tok_s": r.chained_tok_s,
                     "per_kernel": r.per_kernel.iter().map(|k| json!({"label": k.label, "launches": k.launches, "ms": k.ms})).collect::<Vec<_>>(),
                     "ops": r.ops.iter().map(|o| json!({"label": o.label, "kernel": o.kernel, "grid": [o.grid.0, o.grid.1], "launches": o.launches, "bytes": o.bytes, "us": o.us, "us_without_norm": o.us_without_norm})).collect::<Vec<_>>(),
                 })
