@@ -527,6 +527,16 @@ fn adaptive_attention_splits_match_the_cpu_reference() {
 /// `greedy_decode` (a step queued ahead of the host's read) gives `greedy_step`'s tokens, and
 /// where `on_token` refuses or `max` ends it, the cache it leaves is `greedy_step`'s: decoding
 /// on from there gives the uninterrupted run's tokens. On the streamed step and the launch plan.
+/// `r.greedy_decode(t, max)` accepting every token, appending them to `out`: how many it saw.
+fn decode_all(r: &mut hayai_cuda::CudaRunner, t: u32, max: usize, out: &mut Vec<u32>) -> usize {
+    use hayai_model::Runner;
+    r.greedy_decode(t, max, &mut |t| {
+        out.push(t);
+        true
+    })
+    .unwrap()
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn greedy_decode_matches_greedy_step() {
@@ -563,12 +573,7 @@ fn greedy_decode_matches_greedy_step() {
         // All 60 at once.
         first(&mut r);
         let mut got = vec![];
-        let n = r
-            .greedy_decode(t0, 60, &mut |t| {
-                got.push(t);
-                true
-            })
-            .unwrap();
+        let n = decode_all(&mut r, t0, 60, &mut got);
         assert_eq!((n, &got), (60, &want), "{streamed:?}");
         assert_eq!(r.len(), p.len() + 60);
         // Refused at the 7th token, then on from there by greedy_step; max at 5, then on by
@@ -588,20 +593,11 @@ fn greedy_decode_matches_greedy_step() {
             t = r.greedy_step(t).unwrap();
             got.push(t);
         }
-        let n = r
-            .greedy_decode(t, 5, &mut |t| {
-                got.push(t);
-                true
-            })
-            .unwrap();
+        let n = decode_all(&mut r, t, 5, &mut got);
         assert_eq!(n, 5);
         assert_eq!(r.len(), p.len() + 25);
         let last = *got.last().unwrap();
-        r.greedy_decode(last, 35, &mut |t| {
-            got.push(t);
-            true
-        })
-        .unwrap();
+        decode_all(&mut r, last, 35, &mut got);
         assert_eq!(got, want, "{streamed:?}");
         // The context limit: greedy_step's error where the cache is full.
         first(&mut r);

@@ -207,75 +207,53 @@ impl Engine {
         } else {
             sampler.sample(&mut last_logits)
         };
+        // Keep token t: false where generation ends with it (a stop id, a cancel, max_tokens).
+        let mut take = |t: u32| -> bool {
+            tokens.push(t);
+            if tokens.len() == 1 {
+                ttft = start.elapsed();
+            }
+            let flow = on_token(t);
+            if stops.contains(&t) {
+                finish = FinishReason::Stop;
+                return false;
+            }
+            if flow == Flow::Stop {
+                finish = FinishReason::Cancelled;
+                return false;
+            }
+            tokens.len() < req.max_tokens
+        };
         if greedy && gen_lp.is_none() {
-            // The runner's own greedy loop (the CUDA runner keeps a step ahead of this one);
-            // the same tokens and cache as the stepwise loop below.
-            let mut take = |t: u32| -> bool {
-                tokens.push(t);
-                if tokens.len() == 1 {
-                    ttft = start.elapsed();
-                }
-                let flow = on_token(t);
-                if stops.contains(&t) {
-                    finish = FinishReason::Stop;
-                    return false;
-                }
-                if flow == Flow::Stop {
-                    finish = FinishReason::Cancelled;
-                    return false;
-                }
-                tokens.len() < req.max_tokens
-            };
+            // The runner's own greedy loop (the CUDA runner keeps a step ahead of `take`); the
+            // same tokens and cache as the loop below.
             if take(next) {
                 self.runner
                     .greedy_decode(next, req.max_tokens.saturating_sub(1), &mut take)?;
             }
-            return Ok(GenOutput {
-                tokens,
-                finish,
-                prompt_logprobs: prompt_lp,
-                logprobs: gen_lp,
-                timings: Timings {
-                    prefill,
-                    decode: decode_start.elapsed(),
-                    ttft,
-                },
-            });
-        }
-        loop {
-            if let Some(v) = gen_lp.as_mut() {
-                v.push(LogprobEntry::from_logits(
-                    &last_logits,
-                    next,
-                    req.logprobs.unwrap_or(0),
-                ));
+        } else {
+            loop {
+                if let Some(v) = gen_lp.as_mut() {
+                    v.push(LogprobEntry::from_logits(
+                        &last_logits,
+                        next,
+                        req.logprobs.unwrap_or(0),
+                    ));
+                }
+                if !take(next) {
+                    break;
+                }
+                let last = &mut last_logits;
+                self.runner.forward(&[next], Rows::Last, &mut |_, logits| {
+                    last.clear();
+                    last.extend_from_slice(logits);
+                })?;
+                next = if greedy {
+                    argmax(&last_logits)
+                } else {
+                    sampler.sample(&mut last_logits)
+                };
             }
-            tokens.push(next);
-            if tokens.len() == 1 {
-                ttft = start.elapsed();
-            }
-            let flow = on_token(next);
-            if stops.contains(&next) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            if flow == Flow::Stop {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if tokens.len() >= req.max_tokens {
-                break;
-            }
-            let last = &mut last_logits;
-            self.runner.forward(&[next], Rows::Last, &mut |_, logits| {
-                last.clear();
-                last.extend_from_slice(logits);
-            })?;
-            next = if greedy {
-                argmax(&last_logits)
-            } else {
-                sampler.sample(&mut last_logits)
-            };
         }
         Ok(GenOutput {
             tokens,
