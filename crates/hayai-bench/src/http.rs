@@ -70,6 +70,21 @@ impl Client {
         parse_response(&url, status, &text)
     }
 
+    /// `GET path` → the body as text (e.g. `/metrics`); non-2xx is an error.
+    pub fn get_text(&self, path: &str) -> Result<String> {
+        let url = self.url(path);
+        let mut resp = self.agent.get(&url).call().map_err(|e| Error::Http {
+            url: url.clone(),
+            msg: e.to_string(),
+        })?;
+        let status = resp.status().as_u16();
+        let text = read_body(&url, resp.body_mut())?;
+        if !(200..300).contains(&status) {
+            return Err(status_error(&url, status, &text));
+        }
+        Ok(text)
+    }
+
     /// Send `body` as JSON to `path`; the response is returned whatever its status.
     fn post(
         &self,

@@ -8,6 +8,7 @@ struct ArgmaxParams {
     int* blk_idx;     // [blocks]
     int* step_io;     // [tok, pos]: stage 2 stores the argmax as the next input, pos += 1
     int* out_tok;     // [1]
+    int* host_tok;    // [2] mapped host memory, or null: the token also goes to slot pos & 1
     int n, blocks;
     float softcap;    // 0: none
 };
@@ -70,6 +71,18 @@ extern "C" __global__ void argmax_stage1(const ArgmaxParams p) {
     }
 }
 
+// The step's token out: the next step's input (step_io), `out_tok`, and the host's slot. The
+// host clears slot pos & 1 before it queues the step and spins on it (runner: greedy_decode),
+// so no copy or event sits between two steps; the volatile store goes straight to the host
+// (system scope), not held in this GPU's caches.
+__device__ __forceinline__ void emit_token(const ArgmaxParams& p, int tok) {
+    const int pos = p.step_io[1];
+    *p.out_tok = tok;
+    p.step_io[0] = tok;
+    p.step_io[1] = pos + 1;
+    if (p.host_tok) *(volatile int*)(p.host_tok + (pos & 1)) = tok;
+}
+
 // One block over the stage-1 results.
 extern "C" __global__ void argmax_stage2(const ArgmaxParams p) {
     pdl_wait();
@@ -79,10 +92,5 @@ extern "C" __global__ void argmax_stage2(const ArgmaxParams p) {
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < blocks; i += blockDim.x) better(bv, bi, p.blk_val[i], p.blk_idx[i]);
     block_argmax(bv, bi);
-    if (threadIdx.x == 0) {
-        const int tok = bi == 0x7fffffff ? 0 : bi;
-        *p.out_tok = tok;
-        p.step_io[0] = tok;
-        p.step_io[1] += 1;
-    }
+    if (threadIdx.x == 0) emit_token(p, bi == 0x7fffffff ? 0 : bi);
 }

@@ -308,12 +308,7 @@ __device__ void step_argmax2(const ArgmaxParams& m, G g = G()) {
         int bi = 0x7fffffff;
         for (int i = threadIdx.x; i < m.blocks; i += NT) better(bv, bi, m.blk_val[i], m.blk_idx[i]);
         block_argmax(bv, bi, g);
-        if (threadIdx.x == 0) {
-            const int tok = bi == 0x7fffffff ? 0 : bi;
-            *m.out_tok = tok;
-            m.step_io[0] = tok;
-            m.step_io[1] += 1;
-        }
+        if (threadIdx.x == 0) emit_token(m, bi == 0x7fffffff ? 0 : bi);
     }
 }
 

@@ -43,31 +43,72 @@ impl Drop for DevBuf {
     }
 }
 
-/// Pinned host slots for one `i32` each, and an event per slot: a decode loop copies step k's
-/// token into a slot without waiting for the stream, launches step k + 1, and only then waits
-/// for slot k's event (`Gpu::read` syncs the stream, so nothing could be queued behind it).
-pub(crate) struct HostSlots {
+/// Two pinned host slots for one `i32` each, mapped into the device's address space: the
+/// argmax stores a step's token into slot `position & 1` itself (kernels/sample.cu
+/// `emit_token`), so nothing sits in the stream between two steps. The host clears a slot
+/// before it queues the step that fills it and spins on it (`wait`); a token is never negative.
+pub(crate) struct TokenSlots {
     host: *mut i32,
-    events: Vec<sys::CUevent>,
+    dev: u64,
     ctx: Arc<CudaContext>,
 }
 
-impl HostSlots {
-    /// Wait until slot `i`'s copy has landed, and read it.
-    pub fn wait(&self, i: usize) -> Result<i32, CudaError> {
-        unsafe { result::event::synchronize(self.events[i]) }.map_err(drv)?;
-        // SAFETY: the slot is ours, in bounds, and its copy has completed.
-        Ok(unsafe { std::ptr::read_volatile(self.host.add(i)) })
+/// What a cleared slot holds.
+const SLOT_EMPTY: i32 = -1;
+
+impl TokenSlots {
+    /// The slots' device address (the argmax's `host_tok`).
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+
+    /// Mark slot `i` empty. Only while no queued step writes it.
+    pub fn clear(&self, i: usize) {
+        assert!(i < 2);
+        // SAFETY: the slot is ours and in bounds; the device writes it only from a step the
+        // caller has not queued yet.
+        unsafe { std::ptr::write_volatile(self.host.add(i), SLOT_EMPTY) }
+    }
+
+    /// Spin until slot `i` holds a token. The stream is asked now and then, so a failed step
+    /// surfaces as its error, and a stream drained without the token as an error of its own.
+    pub fn wait(&self, i: usize, stream: sys::CUstream) -> Result<i32, CudaError> {
+        assert!(i < 2);
+        // SAFETY: in bounds; the device writes the slot with one aligned 4-byte store.
+        let read = || unsafe { std::ptr::read_volatile(self.host.add(i)) };
+        let mut spins = 0u32;
+        loop {
+            let v = read();
+            if v != SLOT_EMPTY {
+                return Ok(v);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                match unsafe { sys::cuStreamQuery(stream) } {
+                    sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                    sys::CUresult::CUDA_SUCCESS => {
+                        let v = read();
+                        if v != SLOT_EMPTY {
+                            return Ok(v);
+                        }
+                        return Err(CudaError::Driver(
+                            "the decode step finished without storing its token".into(),
+                        ));
+                    }
+                    e => return Err(drv(result::DriverError(e))),
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 }
 
-impl Drop for HostSlots {
+impl Drop for TokenSlots {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             unsafe {
-                for &e in &self.events {
-                    let _ = result::event::destroy(e);
-                }
+                // A step still queued may store into the slots.
+                let _ = result::ctx::synchronize();
                 let _ = result::free_host(self.host as *mut c_void);
             }
         }
@@ -257,32 +298,24 @@ impl Gpu {
         self.sync()
     }
 
-    /// `n` pinned token slots (see [`HostSlots`]).
-    pub fn host_slots(&self, n: usize) -> Result<HostSlots, CudaError> {
+    /// The decode step's token slots (see [`TokenSlots`]), both empty.
+    pub fn token_slots(&self) -> Result<TokenSlots, CudaError> {
         self.bind()?;
-        let host = unsafe { result::malloc_host(n.max(1) * 4, 0) }.map_err(drv)? as *mut i32;
-        let mut slots = HostSlots {
+        let host = unsafe { result::malloc_host(8, sys::CU_MEMHOSTALLOC_DEVICEMAP) }.map_err(drv)?
+            as *mut i32;
+        let mut slots = TokenSlots {
             host,
-            events: Vec::with_capacity(n),
+            dev: 0,
             ctx: self.ctx.clone(),
         };
-        for _ in 0..n {
-            let e =
-                result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(drv)?;
-            slots.events.push(e);
-        }
+        let mut dev = 0;
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut c_void, 0) }
+            .result()
+            .map_err(drv)?;
+        slots.dev = dev;
+        slots.clear(0);
+        slots.clear(1);
         Ok(slots)
-    }
-
-    /// Copy the `i32` at `src` into slot `i` after the stream's pending work, without waiting.
-    pub fn read_async(&self, slots: &HostSlots, i: usize, src: u64) -> Result<(), CudaError> {
-        assert!(i < slots.events.len());
-        // SAFETY: slot i is pinned host memory of this context, in bounds.
-        let dst = unsafe { std::slice::from_raw_parts_mut(slots.host.add(i), 1) };
-        unsafe {
-            result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()).map_err(drv)?;
-            result::event::record(slots.events[i], self.stream.cu_stream()).map_err(drv)
-        }
     }
 
     pub fn sync(&self) -> Result<(), CudaError> {

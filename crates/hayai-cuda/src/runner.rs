@@ -277,6 +277,8 @@ struct Scratch {
     blk_idx: DevBuf,
     step_io: DevBuf,
     out_tok: DevBuf,
+    /// Where the argmax also stores each step's token for `greedy_decode`.
+    tok_slots: crate::device::TokenSlots,
     /// Grid barrier of `gemv_pair`: {arrive, depart}.
     pair_barrier: DevBuf,
 }
@@ -348,8 +350,6 @@ pub struct CudaRunner {
     len: usize,
     /// What `step_io` holds on the device, when known: (token, position).
     dev_io: Option<(u32, usize)>,
-    /// Pinned token slots of `greedy_decode` (made on first use).
-    readback: Option<crate::device::HostSlots>,
     logits_host: Vec<f32>,
 }
 
@@ -571,6 +571,7 @@ impl CudaRunner {
             blk_idx: gpu.alloc(ARGMAX_BLOCKS * f)?,
             step_io: gpu.alloc(8)?,
             out_tok: gpu.alloc(4)?,
+            tok_slots: gpu.token_slots()?,
             pair_barrier: gpu.alloc(8)?,
         };
         // Norms (and so the prologue's constants) only ever sit on hidden-width inputs.
@@ -679,7 +680,6 @@ impl CudaRunner {
             launch_plan_reason: None,
             len: 0,
             dev_io: None,
-            readback: None,
             logits_host: vec![0.0; spec.vocab],
             model,
             gpu,
@@ -995,7 +995,9 @@ impl Runner for CudaRunner {
 
     /// One step ahead of the host: step k + 1 (fed step k's argmax on the device) is queued
     /// before step k's token is read, so the GPU never waits for the host's turn between
-    /// steps. A step run ahead past a refusal is dropped (`len` not advanced by it).
+    /// steps; the argmax stores each token into a mapped host slot by its position's parity,
+    /// so no copy or event sits between them either. A step run ahead past a refusal is
+    /// dropped (`len` not advanced by it).
     fn greedy_decode(
         &mut self,
         token: u32,
@@ -1008,25 +1010,25 @@ impl Runner for CudaRunner {
         hayai_model::runner::check_feed(&self.info, self.len, &[token])?;
         self.gpu.bind()?;
         self.ensure_graph()?;
-        if self.readback.is_none() {
-            self.readback = Some(self.gpu.host_slots(2)?);
-        }
-        let out_tok = self.scratch.out_tok.ptr();
+        // A step dropped by an earlier call may still be about to store into a slot.
+        self.gpu.sync()?;
+        let stream = self.gpu.stream.cu_stream();
+        let slot = |len: usize| len % 2;
+        self.scratch.tok_slots.clear(slot(self.len));
         self.step(token)?;
-        self.gpu
-            .read_async(self.readback.as_ref().unwrap(), 0, out_tok)?;
         let mut n = 0;
         loop {
             // Another step follows if `on_token` accepts this one; queue it now when it fits.
+            // The slot it fills is step k - 1's, read in the last round.
             let more = n + 1 < max;
             let ahead = more && self.len < self.info.max_context;
             if ahead {
+                self.scratch.tok_slots.clear(slot(self.len));
                 self.launch_step()?;
                 self.len += 1;
-                self.gpu
-                    .read_async(self.readback.as_ref().unwrap(), (n + 1) % 2, out_tok)?;
             }
-            let t = self.readback.as_ref().unwrap().wait(n % 2)? as u32;
+            let k_pos = self.len - 1 - usize::from(ahead);
+            let t = self.scratch.tok_slots.wait(slot(k_pos), stream)? as u32;
             n += 1;
             let go = on_token(t);
             if !(go && more) {
@@ -1077,7 +1079,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<StepParams>(), 40);
         assert_eq!(std::mem::size_of::<StreamParams>(), 88);
         assert_eq!(std::mem::size_of::<crate::stream_layout::SmShare>(), 36);
-        assert_eq!(std::mem::size_of::<ArgmaxParams>(), 56);
+        assert_eq!(std::mem::size_of::<ArgmaxParams>(), 64);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);
     }
 

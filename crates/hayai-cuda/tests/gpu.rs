@@ -576,8 +576,9 @@ fn greedy_decode_matches_greedy_step() {
         let n = decode_all(&mut r, t0, 60, &mut got);
         assert_eq!((n, &got), (60, &want), "{streamed:?}");
         assert_eq!(r.len(), p.len() + 60);
-        // Refused at the 7th token, then on from there by greedy_step; max at 5, then on by
-        // greedy_decode: the same tokens as the uninterrupted run.
+        // Refused at the 7th token, on by greedy_decode refused at the 10th, then by
+        // greedy_step; max at 5, then on by greedy_decode: the same tokens as the
+        // uninterrupted run.
         first(&mut r);
         let mut got = vec![];
         let n = r
@@ -588,8 +589,17 @@ fn greedy_decode_matches_greedy_step() {
             .unwrap();
         assert_eq!(n, 7);
         assert_eq!(r.len(), p.len() + 7);
-        let mut t = got[6];
-        for _ in 7..20 {
+        // Straight on from a dropped step (it may still be storing its token), refused again.
+        let n = r
+            .greedy_decode(got[6], 60, &mut |t| {
+                got.push(t);
+                got.len() < 10
+            })
+            .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(r.len(), p.len() + 10);
+        let mut t = got[9];
+        for _ in 10..20 {
             t = r.greedy_step(t).unwrap();
             got.push(t);
         }

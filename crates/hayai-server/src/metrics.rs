@@ -232,6 +232,69 @@ impl Metrics {
     }
 }
 
+/// Request totals read back from the text [`Metrics::render`] writes: a client's view of
+/// `/metrics`, e.g. to split a benchmark's latency into the first token and the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Totals {
+    /// Finished generations (the end-to-end histogram's count).
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub generated: u64,
+    /// Summed over the requests: enqueue to the first token, and enqueue to the end.
+    pub ttft_s: f64,
+    pub e2e_s: f64,
+}
+
+impl Totals {
+    /// `None` when a total is missing or unreadable.
+    pub fn parse(text: &str) -> Option<Totals> {
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        Some(Totals {
+            requests: value("hayai_e2e_request_latency_seconds_count")? as u64,
+            prompt_tokens: value("hayai_prompt_tokens_total")? as u64,
+            generated: value("hayai_generation_tokens_total")? as u64,
+            ttft_s: value("hayai_time_to_first_token_seconds_sum")?,
+            e2e_s: value("hayai_e2e_request_latency_seconds_sum")?,
+        })
+    }
+
+    /// What happened between `earlier` and these totals.
+    pub fn since(&self, earlier: &Totals) -> Totals {
+        Totals {
+            requests: self.requests.saturating_sub(earlier.requests),
+            prompt_tokens: self.prompt_tokens.saturating_sub(earlier.prompt_tokens),
+            generated: self.generated.saturating_sub(earlier.generated),
+            ttft_s: self.ttft_s - earlier.ttft_s,
+            e2e_s: self.e2e_s - earlier.e2e_s,
+        }
+    }
+
+    /// Mean seconds from enqueue to the first token (queue, prefill, the first step).
+    pub fn mean_ttft_s(&self) -> f64 {
+        self.ttft_s / self.requests.max(1) as f64
+    }
+
+    /// Mean seconds from enqueue to the end of generation.
+    pub fn mean_e2e_s(&self) -> f64 {
+        self.e2e_s / self.requests.max(1) as f64
+    }
+
+    /// Tokens after each request's first over the time after it (the decode loop's rate).
+    pub fn decode_tps(&self) -> f64 {
+        let tokens = self.generated.saturating_sub(self.requests) as f64;
+        let secs = self.e2e_s - self.ttft_s;
+        if secs > 0.0 {
+            tokens / secs
+        } else {
+            0.0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,5 +326,32 @@ mod tests {
         assert!(s.contains("hayai_generation_tokens_total 4\n"));
         assert!(s.contains("hayai_recent_tokens_per_second 30\n"));
         assert!(s.contains("hayai_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1\n"));
+    }
+
+    #[test]
+    fn totals_read_back_what_render_writes() {
+        let m = Metrics::default();
+        let itl = Histogram::itl();
+        let ms = Duration::from_millis;
+        assert_eq!(Totals::parse(&m.render()), Some(Totals::default()));
+        m.finish_request(100, 512, ms(1), ms(9), ms(250), ms(260), &itl);
+        let first = Totals::parse(&m.render()).unwrap();
+        m.finish_request(50, 101, ms(0), ms(4), ms(50), ms(54), &itl);
+        let t = Totals::parse(&m.render()).unwrap();
+        assert_eq!((t.requests, t.prompt_tokens, t.generated), (2, 150, 613));
+        // TTFT counts the queue: (1 + 9) + (0 + 4) ms.
+        assert!((t.ttft_s - 0.014).abs() < 1e-9, "{t:?}");
+        assert!((t.e2e_s - 0.314).abs() < 1e-9, "{t:?}");
+        assert!((t.mean_ttft_s() - 0.007).abs() < 1e-9);
+        // 611 tokens after the firsts over 0.300 s.
+        assert!(
+            (t.decode_tps() - 611.0 / 0.300).abs() < 1e-6,
+            "{}",
+            t.decode_tps()
+        );
+        let d = t.since(&first);
+        assert_eq!((d.requests, d.prompt_tokens, d.generated), (1, 50, 101));
+        assert!((d.decode_tps() - 100.0 / 0.050).abs() < 1e-6);
+        assert_eq!(Totals::parse("hayai_prompt_tokens_total 3\n"), None);
     }
 }

@@ -382,8 +382,31 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
         output_dir: Some(dir.clone()),
         ..Default::default()
     };
+    // The server's own totals around the benchmark: where a request's time goes on its side.
+    let totals = || {
+        hayai_bench::http::Client::new(&base, None)
+            .and_then(|c| c.get_text("/metrics"))
+            .ok()
+            .and_then(|t| hayai_server::metrics::Totals::parse(&t))
+    };
+    let before = totals();
     let b = hayai_bench::run_bench(&bench)?;
     b.print();
+    let server_view = match (before, totals()) {
+        (Some(a), Some(z)) => {
+            let d = z.since(&a);
+            format!(
+                "{} requests: first token {:.2} ms mean (queue, prefill of {:.0} tokens, first step); \
+                 decode {:.1} tok/s after it; {:.1} ms mean in the server",
+                d.requests,
+                d.mean_ttft_s() * 1e3,
+                d.prompt_tokens as f64 / d.requests.max(1) as f64,
+                d.decode_tps(),
+                d.mean_e2e_s() * 1e3,
+            )
+        }
+        _ => "(the server's /metrics gave no totals)".into(),
+    };
     let ppl = hayai_bench::ppl::PplOptions {
         base_url: base.clone(),
         model: Some("hayai-demo".into()),
@@ -422,6 +445,7 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
         "mean latency     {:.0} ms",
         b.summary.mean_e2e_latency_ms.unwrap_or(f64::NAN)
     );
+    println!("server's view    {server_view}");
     println!(
         "PPL              {:.4} over {} tokens ({} records)",
         p.summary.ppl, p.summary.ppl_num_tokens, p.summary.num_records

@@ -86,6 +86,8 @@ pub(crate) struct ArgmaxParams {
     pub(crate) blk_idx: u64,
     pub(crate) step_io: u64,
     pub(crate) out_tok: u64,
+    /// `TokenSlots::dev()`: the token also goes to mapped host slot `position & 1`.
+    pub(crate) host_tok: u64,
     pub(crate) n: i32,
     pub(crate) blocks: i32,
     pub(crate) softcap: f32,

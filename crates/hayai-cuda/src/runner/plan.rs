@@ -579,6 +579,7 @@ impl CudaRunner {
             blk_idx: s.blk_idx.ptr(),
             step_io: s.step_io.ptr(),
             out_tok: s.out_tok.ptr(),
+            host_tok: s.tok_slots.dev(),
             n: spec.vocab as i32,
             blocks: ARGMAX_BLOCKS as i32,
             softcap: spec.final_softcap.unwrap_or(0.0),
