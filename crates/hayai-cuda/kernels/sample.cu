@@ -11,6 +11,8 @@ struct ArgmaxParams {
     int* host_tok;    // [2] mapped host memory, or null: the token also goes to slot pos & 1
     int n, blocks;
     float softcap;    // 0: none
+    int own;          // streamed step: stage 1 over each SM's own lm_head rows, stage 2 over
+                      // gridDim.x results (kernels/stream_step.cu ss_argmax_own)
 };
 
 __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {

@@ -306,7 +306,8 @@ __device__ void step_argmax2(const ArgmaxParams& m, G g = G()) {
     if (blockIdx.x == 0) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int i = threadIdx.x; i < m.blocks; i += NT) better(bv, bi, m.blk_val[i], m.blk_idx[i]);
+        const int blocks = m.own ? gridDim.x : m.blocks;
+        for (int i = threadIdx.x; i < blocks; i += NT) better(bv, bi, m.blk_val[i], m.blk_idx[i]);
         block_argmax(bv, bi, g);
         if (threadIdx.x == 0) emit_token(m, bi == 0x7fffffff ? 0 : bi);
     }

@@ -439,6 +439,32 @@ __device__ __forceinline__ void ss_unit_at(const SmShare& sh, int tiles, int idx
     }
 }
 
+// The argmax's first stage over the logits this SM's lm_head units stored (its share `sh`,
+// whole rows: one K slice), softcapped in place, its best into blk_val / blk_idx[SM]: no wait
+// on the other SMs between lm_head and this stage (the second reduces gridDim.x results).
+template <int NT>
+__device__ void ss_argmax_own(const ArgmaxParams& m, const SmShare& sh, ConsumerThreads g) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    const int tiles = m.n >> 4, rows = (int)sh.units * 16;
+    for (int i = threadIdx.x; i < rows; i += NT) {
+        int slice, tile;
+        ss_unit_at(sh, tiles, i >> 4, slice, tile);
+        const int r = tile * 16 + (i & 15);
+        float v = m.logits[r];
+        if (m.softcap > 0.f) {
+            v = m.softcap * tanhf(v / m.softcap);
+            m.logits[r] = v;
+        }
+        better(bv, bi, v, r);
+    }
+    block_argmax(bv, bi, g);
+    if (threadIdx.x == 0) {
+        m.blk_val[blockIdx.x] = bv;
+        m.blk_idx[blockIdx.x] = bi;
+    }
+}
+
 // Shared state of the consumers' GEMV path.
 struct SsShared {
     float red[2][SS_NW][16];  // a pass's per-warp row sums (alternating: no barrier between passes' uses)
@@ -1734,7 +1760,8 @@ __device__ void stream_body(const StreamParams& P) {
             ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
-        if (k > 0 && tid == 0) {
+        // (Not an argmax over this SM's own lm_head rows: its own barrier ordered them.)
+        if (k > 0 && tid == 0 && !(op.kind == STEP_ARGMAX1 && op.m.own)) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             ss_wait_count(P.done + k - 1, target);
         }
@@ -1770,7 +1797,14 @@ __device__ void stream_body(const StreamParams& P) {
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
-            step_argmax1<SS_NW * 32>(op.m, ct);
+            if (op.m.own)
+#if SS_PLE_FUSED || SS_PLE_SPLIT
+                ss_argmax_own<SS_NW * 32>(op.m, share_stage[(k - 1) & 1][0], ct);
+#else
+                ss_argmax_own<SS_NW * 32>(op.m, share_stage[(k - 1) & 1], ct);
+#endif
+            else
+                step_argmax1<SS_NW * 32>(op.m, ct);
         } else if (kind == STEP_ARGMAX2) {
             step_argmax2<SS_NW * 32>(op.m, ct);
         }

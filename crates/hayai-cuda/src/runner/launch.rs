@@ -91,6 +91,8 @@ pub(crate) struct ArgmaxParams {
     pub(crate) n: i32,
     pub(crate) blocks: i32,
     pub(crate) softcap: f32,
+    /// 1: the streamed step's stages over each SM's own lm_head rows (`stream_records`).
+    pub(crate) own: i32,
 }
 
 #[repr(C)]

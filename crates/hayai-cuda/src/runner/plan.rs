@@ -583,6 +583,7 @@ impl CudaRunner {
             n: spec.vocab as i32,
             blocks: ARGMAX_BLOCKS as i32,
             softcap: spec.final_softcap.unwrap_or(0.0),
+            own: 0,
         };
         plan.push(Launch::new(
             &self.gpu,

@@ -127,6 +127,13 @@ impl CudaRunner {
         } else {
             PleForm::Apart
         };
+        if grid > super::ARGMAX_BLOCKS {
+            // The argmax's per-SM results (`ArgmaxParams::own`) have ARGMAX_BLOCKS slots.
+            return Err(CudaError::Unsupported(format!(
+                "streamed step: {grid} SMs, more than {} argmax slots",
+                super::ARGMAX_BLOCKS
+            )));
+        }
         let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, form)?;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = self
@@ -465,6 +472,11 @@ fn stream_grid(sm_count: usize, want: Option<i32>) -> Result<usize, CudaError> {
 }
 
 /// A measurement or check setting of the streamed step (ignored unless an integer).
+/// The argmax's first stage over each SM's own lm_head rows (`HAYAI_STREAM_ARGMAX_OWN=0`: not).
+fn argmax_own_wanted() -> bool {
+    std::env::var("HAYAI_STREAM_ARGMAX_OWN").as_deref() != Ok("0")
+}
+
 fn env_i32(var: &str) -> Option<i32> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
 }
@@ -674,6 +686,25 @@ fn stream_records(
             ordinal = gi as i32;
             gi += 1;
         }
+        // Stage 1 right after a whole-row lm_head into its logits: each SM takes the rows it
+        // stored, with no wait on the others (`HAYAI_STREAM_ARGMAX_OWN=0`: every SM a 256th of
+        // all rows after the wait), and stage 2 the SMs' results.
+        let fits = words.len() * 8 >= std::mem::size_of::<ArgmaxParams>();
+        let own = fits
+            && match (kind, recs.last()) {
+                (3, Some(p)) if p.kind == 0 && p.label == "gemv.lm_head" => {
+                    let g: GemvParams = read_param(&p.words, 0);
+                    let m: ArgmaxParams = read_param(&words, 0);
+                    g.splits == 1 && g.out == m.logits && argmax_own_wanted()
+                }
+                (4, Some(p)) => p.kind == 3 && p.own,
+                _ => false,
+            };
+        if own {
+            let mut m: ArgmaxParams = read_param(&words, 0);
+            m.own = 1;
+            write_param(&mut words, 0, &m);
+        }
         if kind == 1 {
             if words.len() * 8 < std::mem::size_of::<AttnParams>() {
                 return Err(err(format!("{label}: short attention parameters")));
@@ -691,6 +722,7 @@ fn stream_records(
             words,
             kernel,
             label,
+            own,
         });
     }
     if gi != plans.len() {
@@ -728,6 +760,8 @@ struct Rec {
     words: Vec<u64>,
     kernel: &'static str,
     label: &'static str,
+    /// An argmax stage over each SM's own lm_head rows (`ArgmaxParams::own`).
+    own: bool,
 }
 
 /// The layers with a PLE gate: at least two, as the fused and split forms need (each layer's
@@ -810,6 +844,7 @@ fn fuse_ple_records(recs: Vec<Rec>, plans: &[OpPlan], acc: PleAccs) -> Result<Ve
             words,
             kernel: "ple_fused",
             label: "gemv.ple_fused",
+            own: false,
         });
         pending = Some((p.out, at(layer)));
         layer += 1;
@@ -1225,6 +1260,61 @@ mod tests {
         let rows_at = 8 + std::mem::offset_of!(GemvParams, rows);
         assert_eq!(word(2, rows_at), 32);
         assert_eq!(word(1, 8 + std::mem::offset_of!(AttnParams, nh)), 7);
+    }
+
+    #[test]
+    fn argmax_takes_each_sms_own_rows_after_a_whole_row_lm_head() {
+        let arg = |logits: u64| {
+            let m = ArgmaxParams {
+                logits,
+                blocks: 256,
+                ..Default::default()
+            };
+            let mut w = vec![0u64; std::mem::size_of::<ArgmaxParams>().div_ceil(8)];
+            write_param(&mut w, 0, &m);
+            w
+        };
+        let own_at = 8 + std::mem::offset_of!(ArgmaxParams, own);
+        let lm = |splits: i32| {
+            let mut w = gemv(64, 256, splits);
+            let mut g: GemvParams = read_param(&w, 0);
+            g.out = 0x5000;
+            write_param(&mut w, 0, &g);
+            w
+        };
+        let (a, other) = (arg(0x5000), arg(0x6000));
+        for (splits, a1, want) in [(1, &a, 1), (2, &a, 0)] {
+            let lm = lm(splits);
+            let ops = [
+                ("gemv", "gemv.lm_head", &lm[..]),
+                ("argmax_stage1", "argmax", &a1[..]),
+                ("argmax_stage2", "argmax", &a1[..]),
+            ];
+            let r = stream_records(
+                &ops,
+                &["gemv.lm_head"],
+                &[plan(64, 2, splits as usize)],
+                PleRecs::Apart,
+            )
+            .unwrap();
+            assert_eq!(record_i32(&r, 1, own_at), want, "splits {splits}");
+            assert_eq!(record_i32(&r, 2, own_at), want, "splits {splits}");
+            // Everything else as the plan gave it.
+            let m: ArgmaxParams = read_param(&record_words(&r, 1), 0);
+            assert_eq!((m.logits, m.blocks), (0x5000, 256));
+        }
+        // Stage 1 over other logits than lm_head's: over all of them after the wait.
+        let lm = lm(1);
+        let ops = [
+            ("gemv", "gemv.lm_head", &lm[..]),
+            ("argmax_stage1", "argmax", &other[..]),
+            ("argmax_stage2", "argmax", &other[..]),
+        ];
+        let r = stream_records(&ops, &["gemv.lm_head"], &[plan(64, 2, 1)], PleRecs::Apart).unwrap();
+        assert_eq!(
+            (record_i32(&r, 1, own_at), record_i32(&r, 2, own_at)),
+            (0, 0)
+        );
     }
 
     #[test]
