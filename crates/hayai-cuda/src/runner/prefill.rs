@@ -7,7 +7,9 @@
 //! caches the decode step reads, so decoding continues where the prompt ends.
 //!
 //! The chunk size keeps sliding layers exact: a ring of `window + RING_SLACK` slots still holds
-//! every key a chunk's queries need after the whole chunk has been appended.
+//! every key a chunk's queries need after the whole chunk has been appended. A chunk that ends
+//! within the smallest ring writes no slot twice, so it may be longer (`chunk_len`): a prompt
+//! that fits the ring is one chunk, whatever its length up to the buffers'.
 
 use hayai_model::ModelError;
 
@@ -16,9 +18,18 @@ use super::{CudaRunner, DevMat, RING_SLACK};
 use crate::device::DevBuf;
 use crate::CudaError;
 
-/// Tokens per prefill chunk.
+/// Tokens per prefill chunk anywhere in the context.
 pub const PREFILL_CHUNK: usize = 256;
 const _: () = assert!(PREFILL_CHUNK <= RING_SLACK + 1);
+/// Tokens per chunk at most, where the chunk ends within every ring (the buffers' rows).
+pub const PREFILL_MAX_CHUNK: usize = 1024;
+
+/// Tokens the next chunk takes at position `p0` with `left` to go: `base` anywhere, more while
+/// `p0 + n` stays within the smallest KV ring (`min_cap`: no slot is written twice, so every
+/// key stays where it is), up to `max`.
+fn chunk_len(left: usize, p0: usize, base: usize, min_cap: usize, max: usize) -> usize {
+    left.min(base.max(min_cap.saturating_sub(p0).min(max)))
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -123,7 +134,11 @@ struct PfGemmParams {
 
 /// Device buffers of the prefill path, sized for one chunk.
 pub(super) struct PrefillScratch {
+    /// Tokens per chunk anywhere (and with every row's logits: `logits` holds that many rows).
     chunk: usize,
+    /// Tokens per chunk at most (the other buffers' rows), and the smallest KV ring's slots.
+    max_chunk: usize,
+    min_cap: usize,
     tok: DevBuf,
     x: DevBuf,
     xb: DevBuf,
@@ -149,6 +164,16 @@ impl CudaRunner {
     pub(super) fn alloc_prefill(&self, precise: bool) -> Result<PrefillScratch, CudaError> {
         let spec = &self.model.spec;
         let chunk = PREFILL_CHUNK.min(self.info.max_context).max(1);
+        let min_cap = self.layers.iter().map(|l| l.cap).min().unwrap_or(0);
+        // Longer chunks only where a prompt can end within every ring (HAYAI_PREFILL_WHOLE=0:
+        // never, the measurement's other side).
+        let whole = std::env::var("HAYAI_PREFILL_WHOLE").as_deref() != Ok("0");
+        let max_chunk = if whole {
+            PREFILL_MAX_CHUNK.min(min_cap).max(chunk)
+        } else {
+            chunk
+        };
+        let rows = max_chunk;
         let h = spec.hidden;
         let max_q = spec.layers.iter().map(|l| l.q_dim()).max().unwrap_or(0);
         let max_im = spec
@@ -189,17 +214,19 @@ impl CudaRunner {
         }
         Ok(PrefillScratch {
             chunk,
-            tok: self.gpu.alloc(chunk * 4)?,
-            x: self.gpu.alloc(chunk * h * 4)?,
-            xb: self.gpu.alloc(chunk * xb_w * 2)?,
+            max_chunk,
+            min_cap,
+            tok: self.gpu.alloc(rows * 4)?,
+            x: self.gpu.alloc(rows * h * 4)?,
+            xb: self.gpu.alloc(rows * xb_w * 2)?,
             xb_lo: if precise {
-                Some(self.gpu.alloc(chunk * xb_w * 2)?)
+                Some(self.gpu.alloc(rows * xb_w * 2)?)
             } else {
                 None
             },
-            y: self.gpu.alloc(chunk * max_rows * 4)?,
-            q: self.gpu.alloc(chunk * max_q * 4)?,
-            ple_out: self.gpu.alloc(chunk * ple_w.max(1) * 4)?,
+            y: self.gpu.alloc(rows * max_rows * 4)?,
+            q: self.gpu.alloc(rows * max_q * 4)?,
+            ple_out: self.gpu.alloc(rows * ple_w.max(1) * 4)?,
             logits: None,
             logits_host: Vec::new(),
         })
@@ -212,8 +239,8 @@ impl CudaRunner {
         tokens: &[u32],
         mut sink: Option<RowSink<'_>>,
     ) -> Result<(), ModelError> {
-        let chunk = match &self.prefill {
-            Some(p) => p.chunk,
+        let (chunk, max_chunk, min_cap) = match &self.prefill {
+            Some(p) => (p.chunk, p.max_chunk, p.min_cap),
             None => return Err(CudaError::Driver("batched prefill is off".into()).into()),
         };
         let vocab = self.model.spec.vocab;
@@ -226,19 +253,25 @@ impl CudaRunner {
                 pf.logits_host = vec![0.0; chunk * vocab];
             }
         }
-        for (ci, part) in tokens.chunks(chunk).enumerate() {
+        // Every row's logits: chunks of `chunk` rows (the logits buffer's).
+        let max = if sink.is_some() { chunk } else { max_chunk };
+        let mut done = 0;
+        while done < tokens.len() {
+            let n = chunk_len(tokens.len() - done, self.len, chunk, min_cap, max);
+            let part = &tokens[done..done + n];
             self.prefill_chunk(part, sink.is_some())?;
-            self.len += part.len();
+            self.len += n;
             self.dev_io = None;
             if let Some(sink) = sink.as_mut() {
                 let pf = self.prefill.as_mut().expect("checked above");
                 let dev = pf.logits.as_ref().expect("allocated above").ptr();
-                let host = &mut pf.logits_host[..part.len() * vocab];
+                let host = &mut pf.logits_host[..n * vocab];
                 self.gpu.read(dev, host)?;
                 for (r, row) in host.chunks(vocab).enumerate() {
-                    sink(ci * chunk + r, row);
+                    sink(done + r, row);
                 }
             }
+            done += n;
         }
         Ok(())
     }
@@ -299,7 +332,7 @@ impl CudaRunner {
             .map_or(0, |b| b.ptr())
     }
 
-    /// One chunk (at most `PREFILL_CHUNK` tokens) at position `self.len`; with `logits`, the
+    /// One chunk (at most `chunk_len` tokens) at position `self.len`; with `logits`, the
     /// final norm and lm_head (with the final softcap) for every row.
     fn prefill_chunk(&self, tokens: &[u32], logits: bool) -> Result<(), CudaError> {
         let spec = &self.model.spec;
@@ -507,6 +540,24 @@ impl CudaRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_grow_only_where_no_ring_slot_is_written_twice() {
+        // A 768-slot ring (window 512 + RING_SLACK): a 271-token prompt is one chunk, up to
+        // the ring's 768 tokens, no further than the buffers.
+        assert_eq!(chunk_len(271, 0, 256, 768, 1024), 271);
+        assert_eq!(chunk_len(2000, 0, 256, 768, 1024), 768);
+        assert_eq!(chunk_len(2000, 0, 256, 768, 512), 512);
+        // From position 700, 68 more tokens end within the ring; beyond it, 256 (each key a
+        // chunk's queries need is still in a ring of window + RING_SLACK slots).
+        assert_eq!(chunk_len(100, 700, 256, 768, 1024), 100);
+        assert_eq!(chunk_len(300, 700, 256, 768, 1024), 256);
+        assert_eq!(chunk_len(300, 768, 256, 768, 1024), 256);
+        assert_eq!(chunk_len(10, 5000, 256, 768, 1024), 10);
+        // Every row's logits (max = base), or a context shorter than a chunk.
+        assert_eq!(chunk_len(271, 0, 256, 768, 256), 256);
+        assert_eq!(chunk_len(100, 0, 64, 64, 1024), 64);
+    }
 
     #[test]
     fn param_structs_match_the_kernels() {
