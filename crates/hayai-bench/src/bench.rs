@@ -483,6 +483,19 @@ pub fn run_bench(opts: &BenchOptions) -> Result<BenchResult> {
     run_bench_on(&client, &model, &prompts, opts, &opts.dataset.describe())
 }
 
+/// Only the warm-up requests `run_bench` would send first (`opts.warmup_requests` of
+/// `opts.warmup_output_len` tokens, concurrently): for a caller that wants to look at the server
+/// between them and a `run_bench` with `warmup_requests: 0`.
+pub fn run_warmup(opts: &BenchOptions) -> Result<()> {
+    let prompts = dataset::load(&opts.dataset, opts.num_prompts, opts.seed, opts.shuffle)?;
+    if prompts.is_empty() {
+        return Err(Error::Options("empty prompt set".into()));
+    }
+    let client = Client::new(&opts.base_url, opts.request_timeout)?;
+    let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
+    warmup(&client, &model, &prompts, opts)
+}
+
 /// Run the benchmark on an already loaded prompt list (`opts.dataset` is ignored; `dataset_label`
 /// is recorded instead). Used by verify for derived prompt sets.
 pub fn run_bench_with_prompts(

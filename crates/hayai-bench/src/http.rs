@@ -58,8 +58,8 @@ impl Client {
         format!("{}{}", self.base, path)
     }
 
-    /// `GET path` → JSON body; non-2xx is an error.
-    pub fn get_json(&self, path: &str) -> Result<Value> {
+    /// `GET path` → (url, status, body), whatever the status.
+    fn get(&self, path: &str) -> Result<(String, u16, String)> {
         let url = self.url(path);
         let mut resp = self.agent.get(&url).call().map_err(|e| Error::Http {
             url: url.clone(),
@@ -67,18 +67,18 @@ impl Client {
         })?;
         let status = resp.status().as_u16();
         let text = read_body(&url, resp.body_mut())?;
+        Ok((url, status, text))
+    }
+
+    /// `GET path` → JSON body; non-2xx is an error.
+    pub fn get_json(&self, path: &str) -> Result<Value> {
+        let (url, status, text) = self.get(path)?;
         parse_response(&url, status, &text)
     }
 
     /// `GET path` → the body as text (e.g. `/metrics`); non-2xx is an error.
     pub fn get_text(&self, path: &str) -> Result<String> {
-        let url = self.url(path);
-        let mut resp = self.agent.get(&url).call().map_err(|e| Error::Http {
-            url: url.clone(),
-            msg: e.to_string(),
-        })?;
-        let status = resp.status().as_u16();
-        let text = read_body(&url, resp.body_mut())?;
+        let (url, status, text) = self.get(path)?;
         if !(200..300).contains(&status) {
             return Err(status_error(&url, status, &text));
         }

@@ -23,6 +23,16 @@ __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
     }
 }
 
+// Logit i softcapped in place and taken into the running best (every first stage's step).
+__device__ __forceinline__ void argmax_take(const ArgmaxParams& p, int i, float& bv, int& bi) {
+    float v = p.logits[i];
+    if (p.softcap > 0.f) {
+        v = p.softcap * tanhf(v / p.softcap);
+        p.logits[i] = v;
+    }
+    better(bv, bi, v, i);
+}
+
 // G: the threads that run it (the block, or the streamed step's consumer warps).
 template <class G = BlockThreads>
 __device__ void block_argmax(float& bv, int& bi, G g = G()) {
@@ -58,14 +68,7 @@ extern "C" __global__ void argmax_stage1(const ArgmaxParams p) {
     pdl_launch_dependents();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x) {
-        float v = p.logits[i];
-        if (p.softcap > 0.f) {
-            v = p.softcap * tanhf(v / p.softcap);
-            p.logits[i] = v;
-        }
-        better(bv, bi, v, i);
-    }
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x) argmax_take(p, i, bv, bi);
     block_argmax(bv, bi);
     if (threadIdx.x == 0) {
         p.blk_val[blockIdx.x] = bv;

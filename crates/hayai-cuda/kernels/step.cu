@@ -285,14 +285,7 @@ __device__ void step_argmax1(const ArgmaxParams& m, G g = G()) {
     for (int b = blockIdx.x; b < m.blocks; b += gridDim.x) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int i = b * NT + threadIdx.x; i < m.n; i += m.blocks * NT) {
-            float v = m.logits[i];
-            if (m.softcap > 0.f) {
-                v = m.softcap * tanhf(v / m.softcap);
-                m.logits[i] = v;
-            }
-            better(bv, bi, v, i);
-        }
+        for (int i = b * NT + threadIdx.x; i < m.n; i += m.blocks * NT) argmax_take(m, i, bv, bi);
         block_argmax(bv, bi, g);
         if (threadIdx.x == 0) {
             m.blk_val[b] = bv;

@@ -450,13 +450,7 @@ __device__ void ss_argmax_own(const ArgmaxParams& m, const SmShare& sh, Consumer
     for (int i = threadIdx.x; i < rows; i += NT) {
         int slice, tile;
         ss_unit_at(sh, tiles, i >> 4, slice, tile);
-        const int r = tile * 16 + (i & 15);
-        float v = m.logits[r];
-        if (m.softcap > 0.f) {
-            v = m.softcap * tanhf(v / m.softcap);
-            m.logits[r] = v;
-        }
-        better(bv, bi, v, r);
+        argmax_take(m, tile * 16 + (i & 15), bv, bi);
     }
     block_argmax(bv, bi, g);
     if (threadIdx.x == 0) {

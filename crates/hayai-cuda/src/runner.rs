@@ -3,7 +3,8 @@
 //!
 //! Per-step inputs live in a device buffer `step_io = [token, position]`; the argmax kernel at
 //! the end of the graph writes the next token there and advances the position, so consecutive
-//! greedy steps copy nothing to the device and only the 4-byte token id back.
+//! greedy steps copy nothing to the device and only the 4-byte token id back (into a mapped host
+//! slot, for `greedy_decode`).
 
 use std::sync::Arc;
 

@@ -382,15 +382,21 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
         output_dir: Some(dir.clone()),
         ..Default::default()
     };
-    // The server's own totals around the benchmark: where a request's time goes on its side.
+    // The server's own totals around the timed requests: where a request's time goes on its
+    // side. The warm-up requests (the same as run_bench's) go first, apart, so they are not in
+    // the difference.
     let totals = || {
         hayai_bench::http::Client::new(&base, None)
             .and_then(|c| c.get_text("/metrics"))
             .ok()
             .and_then(|t| hayai_server::metrics::Totals::parse(&t))
     };
+    hayai_bench::bench::run_warmup(&bench)?;
     let before = totals();
-    let b = hayai_bench::run_bench(&bench)?;
+    let b = hayai_bench::run_bench(&hayai_bench::BenchOptions {
+        warmup_requests: 0,
+        ..bench.clone()
+    })?;
     b.print();
     let server_view = match (before, totals()) {
         (Some(a), Some(z)) => {
@@ -423,6 +429,8 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode> {
     hayai_bench::registry::collect_environment(
         Some(&base),
         json!({"argv": std::env::args().collect::<Vec<_>>(), "device": device, "quant": quant,
+               "warmup": format!("{} requests of {} tokens, sent apart before the benchmark (its summary records 0)",
+                                 bench.warmup_requests, bench.warmup_output_len),
                "model": model_path.display().to_string(), "hayai": build_info()}),
     )
     .write(&dir)?;
