@@ -477,22 +477,26 @@ pub fn run_bench(opts: &BenchOptions) -> Result<BenchResult> {
     if opts.output_len == 0 {
         return Err(Error::Options("output_len must be at least 1".into()));
     }
+    let (prompts, client, model) = connect(opts)?;
+    run_bench_on(&client, &model, &prompts, opts, &opts.dataset.describe())
+}
+
+/// The prompts `opts` names, a client of its server, and the model to ask for.
+fn connect(opts: &BenchOptions) -> Result<(Vec<Prompt>, Client, String)> {
     let prompts = dataset::load(&opts.dataset, opts.num_prompts, opts.seed, opts.shuffle)?;
     let client = Client::new(&opts.base_url, opts.request_timeout)?;
     let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
-    run_bench_on(&client, &model, &prompts, opts, &opts.dataset.describe())
+    Ok((prompts, client, model))
 }
 
 /// Only the warm-up requests `run_bench` would send first (`opts.warmup_requests` of
 /// `opts.warmup_output_len` tokens, concurrently): for a caller that wants to look at the server
 /// between them and a `run_bench` with `warmup_requests: 0`.
 pub fn run_warmup(opts: &BenchOptions) -> Result<()> {
-    let prompts = dataset::load(&opts.dataset, opts.num_prompts, opts.seed, opts.shuffle)?;
+    let (prompts, client, model) = connect(opts)?;
     if prompts.is_empty() {
         return Err(Error::Options("empty prompt set".into()));
     }
-    let client = Client::new(&opts.base_url, opts.request_timeout)?;
-    let model = client.prepare(opts.model.as_deref(), opts.wait_ready)?;
     warmup(&client, &model, &prompts, opts)
 }
 
