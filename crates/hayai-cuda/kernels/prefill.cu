@@ -2,8 +2,9 @@
 // GEMMs on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate; sm_80+), the rest as
 // row-parallel kernels. Activations entering a GEMM are rounded to bf16; int4 weights are
 // dequantized to bf16 tile by tile. Every result row depends only on its own token and the keys
-// before it (fixed K order in the GEMM, key tiles aligned to absolute positions in attention),
-// so the output does not depend on how a prompt is cut into chunks.
+// before it (fixed K order in the GEMM, whose K parts depend on the matrix only; key tiles
+// aligned to absolute positions in attention), so the output does not depend on how a prompt is
+// cut into chunks.
 #include "common.cuh"
 #include "rope.cuh"
 
@@ -22,13 +23,20 @@ struct PfRowsParams {
     const int* tok;           // if set: x = table[tok[t]] * table_scale (bf16 table)
     const uint16_t* table;
     const float* add;         // if set: x = (x + rmsnorm(add) * add_w) * scalar (add_w null: plain add)
-    const float* add_w;
+    const float* add_w;       // add: the sum of add_parts vectors part_stride floats apart (a K-split GEMM's)
     uint16_t* out;            // if set: bf16 [n][cols] = rmsnorm(x) * norm_w, or x when norm_w is null
     uint16_t* out_lo;         // precise mode: the remainders (see store_operand)
     const float* norm_w;
-    int cols, add_ld;
+    int cols, add_ld, add_parts, part_stride;
     float table_scale, scalar, eps;
 };
+
+// Element j of the added row: its K-split parts summed in part order.
+__device__ __forceinline__ float added(const PfRowsParams& p, const float* a, int j) {
+    float b = a[j];
+    for (int z = 1; z < p.add_parts; z++) b += a[(size_t)z * p.part_stride + j];
+    return b;
+}
 
 // grid: one block per row; each thread owns the columns j = threadIdx.x + k * blockDim.x.
 extern "C" __global__ void __launch_bounds__(256) pf_rows(const PfRowsParams p) {
@@ -44,11 +52,14 @@ extern "C" __global__ void __launch_bounds__(256) pf_rows(const PfRowsParams p) 
         float sc = 1.f;
         if (p.add_w) {
             float ss = 0.f;
-            for (int j = threadIdx.x; j < p.cols; j += blockDim.x) ss += a[j] * a[j];
+            for (int j = threadIdx.x; j < p.cols; j += blockDim.x) {
+                const float b = added(p, a, j);
+                ss += b * b;
+            }
             sc = rsqrtf(block_sum(ss, red) / (float)p.cols + p.eps);
         }
         for (int j = threadIdx.x; j < p.cols; j += blockDim.x) {
-            float b = a[j];
+            float b = added(p, a, j);
             if (p.add_w) b = b * sc * p.add_w[j];
             xr[j] = (xr[j] + b) * p.scalar;
         }
@@ -314,7 +325,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_attention(const PfAttnParam
 // C[m][n] (f32) = A[m][k] (bf16, row-major, ld = k) . W[n][k]^T, W bf16 or int4 (the GEMV layout,
 // see gemv.cu). Block tile 64 x 128 x 32, 8 warps as 2 x 4, warp tile 32 x 32 (2 x 4 mma tiles).
 // Register-staged double buffering: the next tile's global loads are in flight while the
-// current one is multiplied.
+// current one is multiplied. grid (n tiles, m tiles, parts): with parts > 1 block z takes the
+// z-th run of K's tiles and stores its part at c + z * m * ldc, for the next kernel to sum.
 #define PFG_BM 64
 #define PFG_BN 128
 #define PFG_BK 32
@@ -406,13 +418,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
 
-    const int ktiles = p.k / PFG_BK;
-    load(0);
+    // This block's part of K (the host keeps K's tiles a multiple of the parts).
+    const int per = p.k / PFG_BK / gridDim.z, kt0 = blockIdx.z * per, kt_end = kt0 + per;
+    float* c = p.c + (size_t)blockIdx.z * p.m * p.ldc;
+    load(kt0);
     store(0);
     __syncthreads();
-    for (int kt = 0; kt < ktiles; kt++) {
-        const int buf = kt & 1;
-        if (kt + 1 < ktiles) load(kt + 1);
+    for (int kt = kt0; kt < kt_end; kt++) {
+        const int buf = (kt - kt0) & 1;
+        if (kt + 1 < kt_end) load(kt + 1);
 #pragma unroll
         for (int kk = 0; kk < PFG_BK; kk += 16) {
             uint32_t af[2][4], bfr[4][2];
@@ -440,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
                     for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni]);
             }
         }
-        if (kt + 1 < ktiles) store(buf ^ 1);
+        if (kt + 1 < kt_end) store(buf ^ 1);
         __syncthreads();
     }
 
@@ -455,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
                 if (row < p.m && col < p.n) {
                     float v = acc[mi][ni][r];
                     if (p.softcap > 0.f) v = p.softcap * tanhf(v / p.softcap);
-                    p.c[(size_t)row * p.ldc + col] = v;
+                    c[(size_t)row * p.ldc + col] = v;
                 }
             }
 }

@@ -23,6 +23,39 @@ pub const PREFILL_CHUNK: usize = 256;
 const _: () = assert!(PREFILL_CHUNK <= RING_SLACK + 1);
 /// Tokens per chunk at most, where the chunk ends within every ring (the buffers' rows).
 pub const PREFILL_MAX_CHUNK: usize = 1024;
+/// K parts a GEMM is cut into at most, and the fewest 32-column K tiles a part takes.
+const MAX_GEMM_PARTS: usize = 4;
+const MIN_PART_KTILES: usize = 8;
+
+/// Parts a prefill GEMM's K is cut into: doubled while a row tile's `col_tiles` output tiles
+/// leave some of the `sms` SMs idle, each part a run of at least [`MIN_PART_KTILES`] of its
+/// `ktiles` (an even cut), at most `cap` (the parts buffer). The matrix alone decides, not the
+/// chunk's rows: a row's sums are then the same however a prompt is cut into chunks. `force` (a
+/// measurement's setting) replaces the doubling, the other limits kept.
+fn gemm_parts(
+    col_tiles: usize,
+    ktiles: usize,
+    sms: usize,
+    cap: usize,
+    force: Option<usize>,
+) -> usize {
+    let fits =
+        |s: usize| s <= MAX_GEMM_PARTS.min(cap) && ktiles % s == 0 && ktiles / s >= MIN_PART_KTILES;
+    let mut s = 1;
+    while fits(2 * s) && force.map_or(col_tiles * s < sms, |f| 2 * s <= f) {
+        s *= 2;
+    }
+    s
+}
+
+/// A measurement's setting of the GEMMs' K parts (`HAYAI_PREFILL_KSPLIT`: a positive integer;
+/// 1 keeps every GEMM in one part).
+fn env_cut(var: &str) -> Option<usize> {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n >= 1)
+}
 
 /// Tokens the next chunk takes at position `p0` with `left` to go: `base` anywhere, more while
 /// `p0 + n` stays within the smallest KV ring (`min_cap`: no slot is written twice, so every
@@ -44,6 +77,8 @@ struct PfRowsParams {
     norm_w: u64,
     cols: i32,
     add_ld: i32,
+    add_parts: i32,
+    part_stride: i32,
     table_scale: f32,
     scalar: f32,
     eps: f32,
@@ -145,8 +180,13 @@ pub(super) struct PrefillScratch {
     /// Precise mode: the bf16 remainders of `xb` (see `CudaOptions::precise_prefill`).
     xb_lo: Option<DevBuf>,
     y: DevBuf,
+    /// Floats a row of `y` holds (a K-split GEMM's parts lie in it, row-major each).
+    y_cols: usize,
     q: DevBuf,
     ple_out: DevBuf,
+    sms: usize,
+    ksplit_env: Option<usize>,
+
     /// [chunk][vocab] f32, allocated on the first request for every row's logits.
     logits: Option<DevBuf>,
     logits_host: Vec<f32>,
@@ -225,7 +265,11 @@ impl CudaRunner {
                 None
             },
             y: self.gpu.alloc(rows * max_rows * 4)?,
+            y_cols: max_rows,
             q: self.gpu.alloc(rows * max_q * 4)?,
+            sms: self.gpu.sm_count.max(1) as usize,
+            ksplit_env: env_cut("HAYAI_PREFILL_KSPLIT"),
+
             ple_out: self.gpu.alloc(rows * ple_w.max(1) * 4)?,
             logits: None,
             logits_host: Vec::new(),
@@ -276,13 +320,48 @@ impl CudaRunner {
         Ok(())
     }
 
+    /// `c = a . m^T` for `n_tok` rows, in one part.
     fn gemm(
+        &self,
+        a: (u64, u64),
+        m: &DevMat,
+        c: u64,
+        n_tok: usize,
+        softcap: f32,
+    ) -> Result<(), CudaError> {
+        self.gemm_in_parts(a, m, c, n_tok, softcap, 1)
+    }
+
+    /// `c = a . m^T` whose reader sums K parts (a row kernel's `add`): cut along K where a row
+    /// tile's output tiles leave SMs idle ([`gemm_parts`]); returns the parts' count.
+    fn gemm_summed(
+        &self,
+        a: (u64, u64),
+        m: &DevMat,
+        c: u64,
+        n_tok: usize,
+    ) -> Result<i32, CudaError> {
+        let pf = self.prefill.as_ref().expect("prefill scratch");
+        let cap = pf.y_cols / m.rows.max(1);
+        let parts = gemm_parts(
+            m.rows.div_ceil(128),
+            m.cols / 32,
+            pf.sms,
+            cap,
+            pf.ksplit_env,
+        );
+        self.gemm_in_parts(a, m, c, n_tok, 0.0, parts)?;
+        Ok(parts as i32)
+    }
+
+    fn gemm_in_parts(
         &self,
         (a, a_lo): (u64, u64),
         m: &DevMat,
         c: u64,
         n_tok: usize,
         softcap: f32,
+        parts: usize,
     ) -> Result<(), CudaError> {
         let p = PfGemmParams {
             a,
@@ -297,14 +376,21 @@ impl CudaRunner {
             int4: m.int4 as i32,
             softcap,
         };
-        let grid = (m.rows.div_ceil(128) as u32, n_tok.div_ceil(64) as u32, 1);
+        let grid = (
+            m.rows.div_ceil(128) as u32,
+            n_tok.div_ceil(64) as u32,
+            parts as u32,
+        );
         self.gpu.launch(self.gpu.func("pf_gemm"), grid, 256, 0, &p)
     }
 
     fn rows(&self, n: usize, p: PfRowsParams) -> Result<(), CudaError> {
+        let h = self.model.spec.hidden;
         let p = PfRowsParams {
             out_lo: if p.out != 0 { self.xb_lo() } else { 0 },
-            cols: self.model.spec.hidden as i32,
+            cols: h as i32,
+            // Every added vector is hidden-wide; a K-split GEMM's parts lie n x hidden apart.
+            part_stride: (n * h) as i32,
             eps: self.model.spec.rms_eps,
             scalar: if p.scalar == 0.0 { 1.0 } else { p.scalar },
             ..p
@@ -385,15 +471,17 @@ impl CudaRunner {
             )?;
         }
 
-        // The branch output still to be added to the residual: (vector, norm weight, scalar).
-        let mut pending: Option<(u64, u64, f32)> = None;
+        // The branch output still to be added to the residual: (vector, its K parts, norm
+        // weight, scalar).
+        let mut pending: Option<(u64, i32, u64, f32)> = None;
         for (i, (ls, dl)) in spec.layers.iter().zip(&self.layers).enumerate() {
-            let (add, add_w, scalar) = pending.unwrap_or((0, 0, 1.0));
+            let (add, add_parts, add_w, scalar) = pending.unwrap_or((0, 1, 0, 1.0));
             self.rows(
                 n,
                 PfRowsParams {
                     x,
                     add,
+                    add_parts,
                     add_w,
                     add_ld: h as i32,
                     scalar,
@@ -455,12 +543,13 @@ impl CudaRunner {
                 attn_smem(ls.head_dim) as u32,
                 &ap,
             )?;
-            self.gemm(a, &dl.o, y, n, 0.0)?;
+            let o_parts = self.gemm_summed(a, &dl.o, y, n)?;
             self.rows(
                 n,
                 PfRowsParams {
                     x,
                     add: y,
+                    add_parts: o_parts,
                     add_w: dl.post_attn.ptr(),
                     add_ld: h as i32,
                     norm_w: dl.pre_ffn.ptr(),
@@ -480,7 +569,7 @@ impl CudaRunner {
                     ..Default::default()
                 },
             )?;
-            self.gemm(a, &dl.down, y, n, 0.0)?;
+            let down_parts = self.gemm_summed(a, &dl.down, y, n)?;
             let scalar = self.model.weights.layers[i].layer_scalar;
             match (&dl.ple_gate, &dl.ple_proj, &dl.ple_post, &spec.ple) {
                 (Some(pg), Some(pp), Some(post), Some(ps)) => {
@@ -489,6 +578,7 @@ impl CudaRunner {
                         PfRowsParams {
                             x,
                             add: y,
+                            add_parts: down_parts,
                             add_w: dl.post_ffn.ptr(),
                             add_ld: h as i32,
                             out: xb,
@@ -509,19 +599,20 @@ impl CudaRunner {
                             out_lo: 0,
                         },
                     )?;
-                    self.gemm(a, pp, y, n, 0.0)?;
-                    pending = Some((y, post.ptr(), scalar));
+                    let parts = self.gemm_summed(a, pp, y, n)?;
+                    pending = Some((y, parts, post.ptr(), scalar));
                 }
-                _ => pending = Some((y, dl.post_ffn.ptr(), scalar)),
+                _ => pending = Some((y, down_parts, dl.post_ffn.ptr(), scalar)),
             }
         }
         if logits {
-            let (add, add_w, scalar) = pending.expect("at least one layer");
+            let (add, add_parts, add_w, scalar) = pending.expect("at least one layer");
             self.rows(
                 n,
                 PfRowsParams {
                     x,
                     add,
+                    add_parts,
                     add_w,
                     add_ld: h as i32,
                     scalar,
@@ -560,9 +651,27 @@ mod tests {
     }
 
     #[test]
+    fn gemm_parts_fill_idle_sms_with_even_runs_of_k() {
+        // The 270M's O (640 rows: 5 output tiles a row tile) on 132 SMs, K 1,024 (32 tiles):
+        // four parts; E4B's down (2,560 rows: 20 tiles, K 10,240): four too.
+        assert_eq!(gemm_parts(5, 32, 132, 6, None), 4);
+        assert_eq!(gemm_parts(20, 320, 132, 4, None), 4);
+        // Enough tiles already, or K too short for parts of 8 tiles, or no even cut beyond two.
+        assert_eq!(gemm_parts(80, 64, 132, 4, None), 2);
+        assert_eq!(gemm_parts(140, 320, 132, 4, None), 1);
+        assert_eq!(gemm_parts(2, 12, 132, 4, None), 1);
+        assert_eq!(gemm_parts(2, 18, 132, 4, None), 2);
+        // The parts buffer and the measurement's setting.
+        assert_eq!(gemm_parts(5, 32, 132, 3, None), 2);
+        assert_eq!(gemm_parts(5, 32, 132, 6, Some(1)), 1);
+        assert_eq!(gemm_parts(5, 32, 132, 6, Some(2)), 2);
+        assert_eq!(gemm_parts(140, 64, 132, 6, Some(4)), 4);
+    }
+
+    #[test]
     fn param_structs_match_the_kernels() {
         // Sizes of the C structs in kernels/prefill.cu (pointers 8 bytes, ints and floats 4).
-        assert_eq!(std::mem::size_of::<PfRowsParams>(), 88);
+        assert_eq!(std::mem::size_of::<PfRowsParams>(), 96);
         assert_eq!(std::mem::size_of::<PfActParams>(), 48);
         assert_eq!(std::mem::size_of::<PfPleParams>(), 64);
         assert_eq!(std::mem::size_of::<PfQkvParams>(), 88);
