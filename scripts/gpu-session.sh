@@ -37,10 +37,10 @@
 #         staggered pollers, a release per warp, the hand-over inside a thread-block cluster;
 #         ~1 min); LINK_ARGS: extra arguments (e.g.
 #         "--stagger-only --cyc 900");
-#         prefill-ab: the batched prefill's forms (whole-prompt chunks, the attention's key-tile
-#         parts and the GEMMs' K parts where the build has them) by bench-engine's prefill ms at
-#         272 tokens, and Nsight Compute's per-kernel times of one chunk (NCU_COUNT launches: 163 the
-#         one-chunk form of the 270M, 181 with the attention merges; carry .gpu/hayai.gz; ~3 min);
+#         prefill-ab: the batched prefill's forms (whole-prompt chunks, the GEMMs' K parts) by
+#         bench-engine's prefill ms at 272 tokens, and Nsight Compute's per-kernel times of one
+#         chunk (NCU_COUNT launches: 163 the one-chunk form of the 270M; carry .gpu/hayai.gz;
+#         ~4 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
 #         .gpu/hayai.gz; PROFILE_QUANT: int4-a8 (default), int4 or bf16; ~2 min);
@@ -342,14 +342,14 @@ run() {
     done
   fi
   # The batched prefill's forms against each other (prefill ms of `bench-engine`, one chunk of
-  # 271 tokens + the first decode step; each variable set to its old form in turn; the branch
-  # pf-attn-split's variables are ignored by builds without them), then where its kernel time
+  # 271 tokens + the first decode step; each variable set to another form in turn), then where
+  # its kernel time
   # goes (Nsight Compute, summed by scripts/ncu_kernel_times.py).
   if has prefill-ab; then
     stage "prefill A/B (synth:gemma3-270m and synth:e4b, bf16, 272-token prompt)"
     local m v
     for m in synth:gemma3-270m synth:e4b; do
-      for v in "" HAYAI_PREFILL_ATTN_SPLITS=1 HAYAI_PREFILL_KSPLIT=1 HAYAI_PREFILL_WHOLE=0 ""; do
+      for v in "" HAYAI_PREFILL_KSPLIT=1 HAYAI_PREFILL_KSPLIT=2 HAYAI_PREFILL_WHOLE=0 ""; do
         echo "-- $m ${v:-(defaults)}" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/hayai bench-engine --model $m --device cuda --quant bf16 --prompt-len 272 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
       done

