@@ -23,7 +23,7 @@ struct PfRowsParams {
     const int* tok;           // if set: x = table[tok[t]] * table_scale (bf16 table)
     const uint16_t* table;
     const float* add;         // if set: x = (x + rmsnorm(add) * add_w) * scalar (add_w null: plain add)
-    const float* add_w;       // add: the sum of add_parts vectors part_stride floats apart (a K-split GEMM's)
+    const float* add_w;       // (add: the sum of add_parts vectors part_stride floats apart, a K-split GEMM's)
     uint16_t* out;            // if set: bf16 [n][cols] = rmsnorm(x) * norm_w, or x when norm_w is null
     uint16_t* out_lo;         // precise mode: the remainders (see store_operand)
     const float* norm_w;
