@@ -48,15 +48,6 @@ fn gemm_parts(
     s
 }
 
-/// A measurement's setting of the GEMMs' K parts (`HAYAI_PREFILL_KSPLIT`: a positive integer;
-/// 1 keeps every GEMM in one part).
-fn env_cut(var: &str) -> Option<usize> {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n >= 1)
-}
-
 /// Tokens the next chunk takes at position `p0` with `left` to go: `base` anywhere, more while
 /// `p0 + n` stays within the smallest KV ring (`min_cap`: no slot is written twice, so every
 /// key stays where it is), up to `max`.
@@ -184,9 +175,9 @@ pub(super) struct PrefillScratch {
     y_cols: usize,
     q: DevBuf,
     ple_out: DevBuf,
-    sms: usize,
+    /// A measurement's setting of the GEMMs' K parts (`HAYAI_PREFILL_KSPLIT`: a positive
+    /// integer; 1 keeps every GEMM in one part).
     ksplit_env: Option<usize>,
-
     /// [chunk][vocab] f32, allocated on the first request for every row's logits.
     logits: Option<DevBuf>,
     logits_host: Vec<f32>,
@@ -267,9 +258,9 @@ impl CudaRunner {
             y: self.gpu.alloc(rows * max_rows * 4)?,
             y_cols: max_rows,
             q: self.gpu.alloc(rows * max_q * 4)?,
-            sms: self.gpu.sm_count.max(1) as usize,
-            ksplit_env: env_cut("HAYAI_PREFILL_KSPLIT"),
-
+            ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
+                .filter(|&n| n >= 1)
+                .map(|n| n as usize),
             ple_out: self.gpu.alloc(rows * ple_w.max(1) * 4)?,
             logits: None,
             logits_host: Vec::new(),
@@ -346,7 +337,7 @@ impl CudaRunner {
         let parts = gemm_parts(
             m.rows.div_ceil(128),
             m.cols / 32,
-            pf.sms,
+            self.gpu.sm_count.max(1) as usize,
             cap,
             pf.ksplit_env,
         );

@@ -477,7 +477,7 @@ fn argmax_own_wanted() -> bool {
     std::env::var("HAYAI_STREAM_ARGMAX_OWN").as_deref() != Ok("0")
 }
 
-fn env_i32(var: &str) -> Option<i32> {
+pub(super) fn env_i32(var: &str) -> Option<i32> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
 }
 
