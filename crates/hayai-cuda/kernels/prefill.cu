@@ -159,9 +159,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_qkv(const PfQkvParams p) {
 }
 
 // ---- Causal attention over the cache ---------------------------------------------------------
-// grid (ceil(n / 16), nh), 256 threads: warp w owns queries 2w and 2w+1 of the block's 16, lane
-// l the dims 4l + 128i .. +3. Key/value tiles of 16 positions (aligned to multiples of 16) are
-// staged in shared memory: 128 * hd bytes of dynamic shared memory.
+// grid (ceil(n / 16), nh), 256 x groups threads. A group of 8 warps walks every groups-th key
+// tile of 16 positions (tiles aligned to multiples of 16, a tile to the group of its index's
+// residue, so a row's sums never depend on the chunking); warp w of a group owns queries 2w and
+// 2w+1 of the block's 16, lane l the dims 4l + 128i .. +3. Each group stages its tiles in its own
+// shared memory (128 * hd bytes) by cp.async, all of a tile's copies in flight at once; with two
+// groups the last block's walk (the kernel's critical path) is halved, and group 1's running
+// state is merged into group 0's at the end.
 #define PFA_QB 16
 #define PFA_KT 16
 
@@ -173,6 +177,7 @@ struct PfAttnParams {
     uint16_t* out_lo;      // precise mode: the remainders
     int n, p0, nh, nkv, hd, cap, window;
     float scale, softcap;
+    int groups;  // 1 or 2 (blockDim 256 x groups, shared memory 128 * hd * groups bytes)
 };
 
 __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
@@ -182,16 +187,23 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
     return fmaf(a.w, b.w, acc);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_attention(const PfAttnParams p) {
-    extern __shared__ float4 kv_tile[];  // K [PFA_KT][hd/4] | V [PFA_KT][hd/4]
+// The 256 threads of group `grp` (named barrier 1 + grp).
+__device__ __forceinline__ void pfa_group_sync(int grp) {
+    asm volatile("bar.sync %0, 256;" ::"r"(1 + grp) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(512) pf_attention(const PfAttnParams p) {
+    extern __shared__ float4 kv_tile[];  // groups x (K [PFA_KT][hd/4] | V [PFA_KT][hd/4])
     const int h = blockIdx.y, t0 = blockIdx.x * PFA_QB;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, grp = threadIdx.x >> 8, warp = (threadIdx.x >> 5) & 7;
+    const int gt = threadIdx.x & 255;  // thread within the group
     const int hd4 = p.hd >> 2, nv = p.hd >> 7;
     const int g = h / (p.nh / p.nkv);
     const float4* K = (const float4*)(p.k_cache + (size_t)g * p.cap * p.hd);
     const float4* V = (const float4*)(p.v_cache + (size_t)g * p.cap * p.hd);
-    float4* Ks = kv_tile;
-    float4* Vs = kv_tile + PFA_KT * hd4;
+    const int tile4 = PFA_KT * hd4;  // float4s of one K (or V) tile
+    float4* Ks = kv_tile + (size_t)grp * 2 * tile4;
+    float4* Vs = Ks + tile4;
 
     const int ta = t0 + 2 * warp;  // this warp's two queries (chunk rows ta, ta + 1)
     const int qpa = p.p0 + ta;
@@ -216,20 +228,22 @@ extern "C" __global__ void __launch_bounds__(256) pf_attention(const PfAttnParam
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[q][i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-    for (int kt = (kmin / PFA_KT) * PFA_KT; kt <= qmax; kt += PFA_KT) {
-        __syncthreads();  // the previous tile is consumed
-        for (int i = threadIdx.x; i < PFA_KT * hd4; i += blockDim.x) {
+    // The group's first tile: the first at or after kmin's whose index has its residue.
+    int kt = (kmin / PFA_KT) * PFA_KT;
+    kt += ((grp - kt / PFA_KT) % p.groups + p.groups) % p.groups * PFA_KT;
+    for (; kt <= qmax; kt += p.groups * PFA_KT) {
+        // The tile's K and V rows, every copy in flight at once; rows past the block's last
+        // query zero-filled (their scores are masked, and 0 x V must stay 0).
+        for (int i = gt; i < tile4; i += 256) {
             const int kp = kt + i / hd4, d4 = i % hd4;
-            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-            if (kp <= qmax) {
-                const size_t o = (size_t)(kp % p.cap) * hd4 + d4;
-                kv = K[o];
-                vv = V[o];
-            }
-            Ks[i] = kv;
-            Vs[i] = vv;
+            const bool live = kp <= qmax;
+            const size_t o = (size_t)((live ? kp : kt) % p.cap) * hd4 + d4;
+            cp_async16_zfill(Ks + i, K + o, live);
+            cp_async16_zfill(Vs + i, V + o, live);
         }
-        __syncthreads();
+        cp_async_commit();
+        cp_async_wait<0>();
+        pfa_group_sync(grp);
         // Partial q.k of (query q, key j) in s[16q + j]; a transposing butterfly leaves the full
         // sum of entry `lane` in lane `lane` (31 shuffles for all 32 sums).
         float s[32];
@@ -247,10 +261,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_attention(const PfAttnParam
             s[j] = d0;
             s[16 + j] = d1;
         }
-#pragma unroll
+        // (Unroll counts spelled out: without them nvcc left s in local memory.)
+#pragma unroll 5
         for (int o = 16; o > 0; o >>= 1) {
             const bool upper = (lane & o) != 0;
-#pragma unroll
+#pragma unroll 16
             for (int i = 0; i < o; i++) {
                 const float send = upper ? s[i] : s[i + o];
                 const float keep = upper ? s[i + o] : s[i];
@@ -299,6 +314,44 @@ extern "C" __global__ void __launch_bounds__(256) pf_attention(const PfAttnParam
                                             fmaf(pa, vv.z, acc[0][i].z), fmaf(pa, vv.w, acc[0][i].w));
                     acc[1][i] = make_float4(fmaf(pb, vv.x, acc[1][i].x), fmaf(pb, vv.y, acc[1][i].y),
                                             fmaf(pb, vv.z, acc[1][i].z), fmaf(pb, vv.w, acc[1][i].w));
+                }
+            }
+        }
+        pfa_group_sync(grp);  // the tile is consumed
+    }
+    if (p.groups > 1) {
+        // Group 1's state through its own tile area (its walk is over), merged into group 0's
+        // in that order: per warp, 2 queries x hd sums, then the two (max, sum) pairs.
+        float4* st = kv_tile + (size_t)2 * tile4 + (size_t)warp * 2 * hd4;
+        float* ml = (float*)(kv_tile + (size_t)2 * tile4 + (size_t)16 * hd4) + 4 * warp;
+        if (grp == 1) {
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (i < nv) st[q * hd4 + lane + 32 * i] = acc[q][i];
+            if (lane == 0) {
+                ml[0] = m[0];
+                ml[1] = l[0];
+                ml[2] = m[1];
+                ml[3] = l[1];
+            }
+        }
+        __syncthreads();
+        if (grp == 1) return;
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const float m1 = ml[2 * q], l1 = ml[2 * q + 1];
+            const float mn = fmaxf(m[q], m1);
+            const float c0 = m[q] == -INFINITY ? 0.f : expf(m[q] - mn);
+            const float c1 = m1 == -INFINITY ? 0.f : expf(m1 - mn);
+            l[q] = l[q] * c0 + l1 * c1;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (i < nv) {
+                    const float4 o = st[q * hd4 + lane + 32 * i];
+                    acc[q][i] = make_float4(fmaf(o.x, c1, acc[q][i].x * c0), fmaf(o.y, c1, acc[q][i].y * c0),
+                                            fmaf(o.z, c1, acc[q][i].z * c0), fmaf(o.w, c1, acc[q][i].w * c0));
                 }
             }
         }

@@ -140,6 +140,7 @@ struct PfAttnParams {
     window: i32,
     scale: f32,
     softcap: f32,
+    groups: i32,
 }
 
 #[repr(C)]
@@ -178,6 +179,10 @@ pub(super) struct PrefillScratch {
     /// A measurement's setting of the GEMMs' K parts (`HAYAI_PREFILL_KSPLIT`: a positive
     /// integer; 1 keeps every GEMM in one part).
     ksplit_env: Option<usize>,
+    /// Shared memory a block may opt into, and the attention's warp groups at most (2; 1 by
+    /// `HAYAI_PREFILL_ATTN_GROUPS=1`, a measurement's setting).
+    smem_optin: usize,
+    attn_groups_cap: usize,
     /// [chunk][vocab] f32, allocated on the first request for every row's logits.
     logits: Option<DevBuf>,
     logits_host: Vec<f32>,
@@ -186,9 +191,20 @@ pub(super) struct PrefillScratch {
 /// Receives (row index, logits) for every prompt row.
 type RowSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
 
-/// Shared memory of `pf_attention`: one K and one V tile of 16 positions, f32.
+/// Shared memory of one `pf_attention` warp group's tile: a K and a V tile of 16 positions, f32.
 fn attn_smem(hd: usize) -> usize {
     2 * 16 * hd * 4
+}
+
+/// `pf_attention`'s warp groups at head dim `hd`: two (each walking every other key tile, which
+/// halves the longest walk) where their tiles fit the shared memory a block may opt into, else
+/// one (E4B's head dim 512 on an A10G's 99 KB). `cap` 1 keeps one everywhere.
+fn attn_groups(hd: usize, optin: usize, cap: usize) -> usize {
+    if cap >= 2 && 2 * attn_smem(hd) <= optin {
+        2
+    } else {
+        1
+    }
 }
 
 impl CudaRunner {
@@ -234,9 +250,19 @@ impl CudaRunner {
             .max()
             .unwrap_or(0);
         let xb_w = h.max(max_q).max(max_im).max(ple_d);
-        let smem = attn_smem(max_hd);
+        let optin = self.gpu.max_smem_optin()?;
+        let attn_groups_cap = match super::stream::env_i32("HAYAI_PREFILL_ATTN_GROUPS") {
+            Some(1) => 1,
+            _ => 2,
+        };
+        let smem = spec
+            .layers
+            .iter()
+            .map(|l| attn_groups(l.head_dim, optin, attn_groups_cap) * attn_smem(l.head_dim))
+            .max()
+            .unwrap_or(0);
         if smem > 48 * 1024 {
-            if smem > self.gpu.max_smem_optin()? {
+            if smem > optin {
                 return Err(CudaError::Unsupported(format!(
                     "prefill attention for head dim {max_hd} needs more shared memory than the GPU has"
                 )));
@@ -261,6 +287,8 @@ impl CudaRunner {
             ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
                 .filter(|&n| n >= 1)
                 .map(|n| n as usize),
+            smem_optin: optin,
+            attn_groups_cap,
             ple_out: self.gpu.alloc(rows * ple_w.max(1) * 4)?,
             logits: None,
             logits_host: Vec::new(),
@@ -511,6 +539,7 @@ impl CudaRunner {
                 0,
                 &qp,
             )?;
+            let groups = attn_groups(ls.head_dim, pf.smem_optin, pf.attn_groups_cap);
             let ap = PfAttnParams {
                 q: pf.q.ptr(),
                 k_cache: kc,
@@ -526,12 +555,13 @@ impl CudaRunner {
                 window: attn_window(spec, ls),
                 scale: spec.attn_scale,
                 softcap: spec.attn_softcap.unwrap_or(0.0),
+                groups: groups as i32,
             };
             self.gpu.launch(
                 self.gpu.func("pf_attention"),
                 (n.div_ceil(16) as u32, ls.n_heads as u32, 1),
-                256,
-                attn_smem(ls.head_dim) as u32,
+                256 * groups as u32,
+                (groups * attn_smem(ls.head_dim)) as u32,
                 &ap,
             )?;
             let o_parts = self.gemm_summed(a, &dl.o, y, n)?;
@@ -657,6 +687,17 @@ mod tests {
         assert_eq!(gemm_parts(5, 32, 132, 6, Some(1)), 1);
         assert_eq!(gemm_parts(5, 32, 132, 6, Some(2)), 2);
         assert_eq!(gemm_parts(140, 64, 132, 6, Some(4)), 4);
+    }
+
+    #[test]
+    fn attention_walks_in_two_groups_where_their_tiles_fit() {
+        // The H200 (227 KB a block): two groups at head dims 256 and 512; an A10G (99 KB): two
+        // at 256 (64 KB), one at 512 (two would be 128 KB); the measurement's cap keeps one.
+        assert_eq!(attn_groups(256, 227 * 1024, 2), 2);
+        assert_eq!(attn_groups(512, 227 * 1024, 2), 2);
+        assert_eq!(attn_groups(256, 99 * 1024, 2), 2);
+        assert_eq!(attn_groups(512, 99 * 1024, 2), 1);
+        assert_eq!(attn_groups(256, 227 * 1024, 1), 1);
     }
 
     #[test]
