@@ -83,6 +83,7 @@ struct PfActParams {
     uint16_t* out;      // bf16 [n][cols]
     uint16_t* out_lo;   // precise mode: the remainders
     int n, cols, glu, mult_ld;
+    int in_parts, part_stride;  // !glu: in is the sum of in_parts vectors part_stride floats apart
 };
 
 extern "C" __global__ void pf_act(const PfActParams p) {
@@ -95,7 +96,10 @@ extern "C" __global__ void pf_act(const PfActParams p) {
             const float2 gu = *(const float2*)(p.in + t * 2 * p.cols + 2 * j);
             v = gelu_tanh(gu.x) * gu.y;
         } else {
-            v = gelu_tanh(p.in[i]) * p.mult[t * p.mult_ld + j];
+            // A K-split GEMM's parts, summed in part order.
+            float a = p.in[i];
+            for (int z = 1; z < p.in_parts; z++) a += p.in[(size_t)z * p.part_stride + i];
+            v = gelu_tanh(a) * p.mult[t * p.mult_ld + j];
         }
         store_operand(p.out, p.out_lo, i, v);
     }
@@ -135,24 +139,26 @@ struct PfQkvParams {
     const float* inv_freq;
     int ld, p0, nh, nkv, hd, cap, v_norm;
     float eps;
+    int parts, part_stride;  // qkv is the sum of `parts` K-split parts part_stride floats apart
 };
 
 extern "C" __global__ void __launch_bounds__(128) pf_qkv(const PfQkvParams p) {
     __shared__ __align__(16) float buf[512];
     __shared__ float red[32];
     const int t = blockIdx.x, hh = blockIdx.y, pos = p.p0 + t;
-    const float* row = p.qkv + (size_t)t * p.ld;
+    const float* src = p.qkv + (size_t)t * p.ld + (size_t)hh * p.hd;
+    const int k = p.parts, ks = p.part_stride;
     float* dst;
     if (hh < p.nh) {
-        norm_rope_head(row + (size_t)hh * p.hd, buf, p.q_norm, p.inv_freq, p.hd, pos, true, p.eps, red);
+        norm_rope_head(src, buf, p.q_norm, p.inv_freq, p.hd, pos, true, p.eps, red, k, ks);
         dst = p.q + ((size_t)t * p.nh + hh) * p.hd;
     } else if (hh < p.nh + p.nkv) {
         const int g = hh - p.nh;
-        norm_rope_head(row + (size_t)hh * p.hd, buf, p.k_norm, p.inv_freq, p.hd, pos, true, p.eps, red);
+        norm_rope_head(src, buf, p.k_norm, p.inv_freq, p.hd, pos, true, p.eps, red, k, ks);
         dst = p.k_cache + ((size_t)g * p.cap + pos % p.cap) * p.hd;
     } else {
         const int g = hh - p.nh - p.nkv;
-        norm_rope_head(row + (size_t)hh * p.hd, buf, nullptr, nullptr, p.hd, pos, p.v_norm != 0, p.eps, red);
+        norm_rope_head(src, buf, nullptr, nullptr, p.hd, pos, p.v_norm != 0, p.eps, red, k, ks);
         dst = p.v_cache + ((size_t)g * p.cap + pos % p.cap) * p.hd;
     }
     for (int i = threadIdx.x; i < p.hd; i += blockDim.x) dst[i] = buf[i];

@@ -86,10 +86,10 @@ __device__ void norm_rope_heads(const HeadJob (&job)[N], int splits, int ld, int
 }
 
 // One head of one row (prefill): RMSNorm (optional weight `w`) and RoPE (when `inv_freq` is set)
-// of `src` into shared `dst`, by the whole block.
+// of `src` (the sum of `splits` parts `ld` floats apart) into shared `dst`, by the whole block.
 __device__ __forceinline__ void norm_rope_head(const float* src, float* dst, const float* w,
                                                const float* inv_freq, int hd, int pos, bool norm,
-                                               float eps, float* red) {
+                                               float eps, float* red, int splits, int ld) {
     const HeadJob job[1] = {{src, dst, w, inv_freq, norm}};
-    norm_rope_heads<1>(job, 1, 0, hd, pos, eps, red, BlockThreads{});
+    norm_rope_heads<1>(job, splits, ld, hd, pos, eps, red, BlockThreads{});
 }

@@ -86,6 +86,8 @@ struct PfActParams {
     cols: i32,
     glu: i32,
     mult_ld: i32,
+    in_parts: i32,
+    part_stride: i32,
 }
 
 #[repr(C)]
@@ -121,6 +123,8 @@ struct PfQkvParams {
     cap: i32,
     v_norm: i32,
     eps: f32,
+    parts: i32,
+    part_stride: i32,
 }
 
 #[repr(C)]
@@ -179,6 +183,9 @@ pub(super) struct PrefillScratch {
     /// A measurement's setting of the GEMMs' K parts (`HAYAI_PREFILL_KSPLIT`: a positive
     /// integer; 1 keeps every GEMM in one part).
     ksplit_env: Option<usize>,
+    /// QKV and the PLE gate cut along K too (`HAYAI_PREFILL_PARTS_ALL=1`; written, not yet
+    /// measured on a GPU, so off by default: their readers sum the parts either way).
+    parts_all: bool,
     /// Shared memory a block may opt into, and the attention's warp groups at most (2; 1 by
     /// `HAYAI_PREFILL_ATTN_GROUPS=1`, a measurement's setting).
     smem_optin: usize,
@@ -284,6 +291,7 @@ impl CudaRunner {
             y: self.gpu.alloc(rows * max_rows * 4)?,
             y_cols: max_rows,
             q: self.gpu.alloc(rows * max_q * 4)?,
+            parts_all: super::stream::env_i32("HAYAI_PREFILL_PARTS_ALL") == Some(1),
             ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
                 .filter(|&n| n >= 1)
                 .map(|n| n as usize),
@@ -351,8 +359,9 @@ impl CudaRunner {
         self.gemm_in_parts(a, m, c, n_tok, softcap, 1)
     }
 
-    /// `c = a . m^T` whose reader sums K parts (a row kernel's `add`): cut along K where a row
-    /// tile's output tiles leave SMs idle ([`gemm_parts`]); returns the parts' count.
+    /// `c = a . m^T` whose reader sums K parts (a row kernel's `add`, pf_qkv, the PLE gate's
+    /// activation): cut along K where a row tile's output tiles leave SMs idle
+    /// ([`gemm_parts`]); returns the parts' count.
     fn gemm_summed(
         &self,
         a: (u64, u64),
@@ -371,6 +380,22 @@ impl CudaRunner {
         );
         self.gemm_in_parts(a, m, c, n_tok, 0.0, parts)?;
         Ok(parts as i32)
+    }
+
+    /// [`Self::gemm_summed`] where `cut`, else one part.
+    fn gemm_summed_if(
+        &self,
+        cut: bool,
+        a: (u64, u64),
+        m: &DevMat,
+        c: u64,
+        n_tok: usize,
+    ) -> Result<i32, CudaError> {
+        if cut {
+            self.gemm_summed(a, m, c, n_tok)
+        } else {
+            self.gemm(a, m, c, n_tok, 0.0).map(|()| 1)
+        }
     }
 
     fn gemm_in_parts(
@@ -509,7 +534,9 @@ impl CudaRunner {
                     ..Default::default()
                 },
             )?;
-            self.gemm(a, &dl.qkv, y, n, 0.0)?;
+            // QKV may be cut along K too (its 80-120 blocks on E4B leave SMs idle), the parts
+            // summed by pf_qkv.
+            let qkv_parts = self.gemm_summed_if(pf.parts_all, a, &dl.qkv, y, n)?;
 
             let src = &self.layers[ls.kv_source];
             let (kc, vc) = self.kv_caches(i, ls.kv_source)?;
@@ -530,6 +557,8 @@ impl CudaRunner {
                 cap: src.cap as i32,
                 v_norm: spec.v_norm as i32,
                 eps: spec.rms_eps,
+                parts: qkv_parts,
+                part_stride: (n * dl.qkv.rows) as i32,
             };
             let heads = ls.n_heads + if own { 2 * ls.n_kv_heads } else { 0 };
             self.gpu.launch(
@@ -606,7 +635,9 @@ impl CudaRunner {
                             ..Default::default()
                         },
                     )?;
-                    self.gemm(a, pg, y, n, 0.0)?;
+                    // The gate (256 rows: two output tiles a row tile; 10 blocks on E4B) may be
+                    // cut along K too, its parts summed by the activation.
+                    let gate_parts = self.gemm_summed_if(pf.parts_all, a, pg, y, n)?;
                     self.act(
                         n,
                         PfActParams {
@@ -618,6 +649,8 @@ impl CudaRunner {
                             glu: 0,
                             mult_ld: (ps.dim * spec.n_layers()) as i32,
                             out_lo: 0,
+                            in_parts: gate_parts,
+                            part_stride: (n * ps.dim) as i32,
                         },
                     )?;
                     let parts = self.gemm_summed(a, pp, y, n)?;
@@ -677,6 +710,8 @@ mod tests {
         // four parts; E4B's down (2,560 rows: 20 tiles, K 10,240): four too.
         assert_eq!(gemm_parts(5, 32, 132, 6, None), 4);
         assert_eq!(gemm_parts(20, 320, 132, 4, None), 4);
+        // E4B's PLE gate (256 rows, K 2,560): two output tiles a row tile, four parts.
+        assert_eq!(gemm_parts(2, 80, 132, 4, None), 4);
         // Enough tiles already, or K too short for parts of 8 tiles, or no even cut beyond two.
         assert_eq!(gemm_parts(80, 64, 132, 4, None), 2);
         assert_eq!(gemm_parts(140, 320, 132, 4, None), 1);
@@ -704,9 +739,9 @@ mod tests {
     fn param_structs_match_the_kernels() {
         // Sizes of the C structs in kernels/prefill.cu (pointers 8 bytes, ints and floats 4).
         assert_eq!(std::mem::size_of::<PfRowsParams>(), 96);
-        assert_eq!(std::mem::size_of::<PfActParams>(), 48);
+        assert_eq!(std::mem::size_of::<PfActParams>(), 56);
         assert_eq!(std::mem::size_of::<PfPleParams>(), 64);
-        assert_eq!(std::mem::size_of::<PfQkvParams>(), 88);
+        assert_eq!(std::mem::size_of::<PfQkvParams>(), 96);
         assert_eq!(std::mem::size_of::<PfAttnParams>(), 80);
         assert_eq!(std::mem::size_of::<PfGemmParams>(), 64);
     }
