@@ -349,6 +349,13 @@ run() {
   if has prefill-ab; then
     stage "prefill A/B (synth:gemma3-270m and synth:e4b, bf16, 272-token prompt)"
     local m v
+    # The forms not yet the default checked first (carry .gpu/gpu-tests.gz too).
+    if [ -x .gpu/gpu-tests ]; then
+      for v in HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_ATTN_GROUPS=1; do
+        echo "-- parity with $v" | tee -a "$out/session.log"
+        env $v timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 batched_prefill_matches_cpu 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
+      done
+    fi
     for m in synth:gemma3-270m synth:e4b; do
       for v in "" HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_ATTN_GROUPS=1 HAYAI_PREFILL_KSPLIT=1 HAYAI_PREFILL_WHOLE=0 ""; do
         echo "-- $m ${v:-(defaults)}" | tee -a "$out/session.log"
