@@ -37,8 +37,9 @@
 #         staggered pollers, a release per warp, the hand-over inside a thread-block cluster;
 #         ~1 min); LINK_ARGS: extra arguments (e.g.
 #         "--stagger-only --cyc 900");
-#         prefill-ab: the batched prefill's forms (QKV and the PLE gate in K parts too, the
-#         attention's two warp groups, the GEMMs' K parts, whole-prompt chunks) by
+#         prefill-ab: the batched prefill's forms (QKV and the PLE gate in K parts too, the GEMM
+#         with two K tiles' loads in flight, the attention's two warp groups, the GEMMs' K
+#         parts, whole-prompt chunks) by
 #         bench-engine's prefill ms at 272 tokens, and Nsight Compute's per-kernel times of one
 #         chunk (NCU_COUNT launches: 163 the one-chunk form of the 270M; carry .gpu/hayai.gz;
 #         ~4 min);
@@ -351,13 +352,13 @@ run() {
     local m v
     # The forms not yet the default checked first (carry .gpu/gpu-tests.gz too).
     if [ -x .gpu/gpu-tests ]; then
-      for v in HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_ATTN_GROUPS=1; do
+      for v in HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_GEMM_DEPTH=2 HAYAI_PREFILL_ATTN_GROUPS=1; do
         echo "-- parity with $v" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 batched_prefill_matches_cpu 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
       done
     fi
     for m in synth:gemma3-270m synth:e4b; do
-      for v in "" HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_ATTN_GROUPS=1 HAYAI_PREFILL_KSPLIT=1 HAYAI_PREFILL_WHOLE=0 ""; do
+      for v in "" HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_GEMM_DEPTH=2 HAYAI_PREFILL_ATTN_GROUPS=1 HAYAI_PREFILL_KSPLIT=1 HAYAI_PREFILL_WHOLE=0 ""; do
         echo "-- $m ${v:-(defaults)}" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/hayai bench-engine --model $m --device cuda --quant bf16 --prompt-len 272 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
       done

@@ -408,7 +408,19 @@ __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int e, float s) {
     return f32_to_bf16_bits(a) | ((uint32_t)f32_to_bf16_bits(b) << 16);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) {
+// One K tile's global loads, held in registers until they are stored to shared memory.
+struct PfgStage {
+    uint4 a, a_lo, b0, b1;  // A (and its remainders); W bf16 rows br, br + 64
+    uint32_t w0, w1;        // W int4: two lane chunks' words
+    float s;                // W int4: the row's group scale
+};
+
+// DEPTH 1: tile k + 1's loads in flight while tile k is multiplied (`pf_gemm`). DEPTH 2: tile
+// k + 2's (two register stages, the loop unrolled by two so each stage stays in registers;
+// `pf_gemm_d2`, a measurement's kernel until it is measured). The products, their order and
+// the stores are the same in both, so their outputs are bit-identical.
+template <int DEPTH>
+__device__ __forceinline__ void pf_gemm_tiles(const PfGemmParams& p) {
     __shared__ __align__(16) uint16_t As[2][PFG_BM * PFG_LDS];
     __shared__ __align__(16) uint16_t Al[2][PFG_BM * PFG_LDS];  // precise mode only
     __shared__ __align__(16) uint16_t Bs[2][PFG_BN * PFG_LDS];
@@ -426,46 +438,47 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
     const int br = p.int4 ? (tid >> 1) : (tid >> 2);
     const bool b_ok0 = n0 + br < p.n, b_ok1 = n0 + br + 64 < p.n;
     const int bl = (tid & 1) * 2;
-    uint4 ra = make_uint4(0, 0, 0, 0), ra_lo = ra, rb0 = ra, rb1 = ra;
-    uint32_t rw0 = 0x88888888u, rw1 = 0x88888888u;  // zero weights when out of range
-    float rs = 0.f;
+    // Zero weights when out of range.
+    const PfgStage zero = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0),
+                           make_uint4(0, 0, 0, 0), 0x88888888u, 0x88888888u, 0.f};
+    PfgStage r0 = zero, r1 = zero;
 
-    auto load = [&](int kt) {
+    auto load = [&](int kt, PfgStage& r) {
         const int k0 = kt * PFG_BK;
         if (a_ok) {
-            ra = *(const uint4*)(p.a + a_off + k0);
-            if (split) ra_lo = *(const uint4*)(p.a_lo + a_off + k0);
+            r.a = *(const uint4*)(p.a + a_off + k0);
+            if (split) r.a_lo = *(const uint4*)(p.a_lo + a_off + k0);
         }
         if (p.int4) {
             if (b_ok0) {
                 const int grp = k0 >> 7, u = (k0 >> 5) & 3;
                 const uint8_t* base = (const uint8_t*)p.w + (size_t)(n0 + br) * (p.k >> 1) + grp * 64 + u * 4;
-                rw0 = __ldg((const uint32_t*)(base + bl * 16));
-                rw1 = __ldg((const uint32_t*)(base + (bl + 1) * 16));
-                rs = bf16_to_f32(p.scales[(size_t)(n0 + br) * (p.k >> 7) + grp]);
+                r.w0 = __ldg((const uint32_t*)(base + bl * 16));
+                r.w1 = __ldg((const uint32_t*)(base + (bl + 1) * 16));
+                r.s = bf16_to_f32(p.scales[(size_t)(n0 + br) * (p.k >> 7) + grp]);
             }
         } else {
             const uint16_t* wb = (const uint16_t*)p.w;
-            if (b_ok0) rb0 = __ldg((const uint4*)(wb + (size_t)(n0 + br) * p.k + k0 + ac));
-            if (b_ok1) rb1 = __ldg((const uint4*)(wb + (size_t)(n0 + br + 64) * p.k + k0 + ac));
+            if (b_ok0) r.b0 = __ldg((const uint4*)(wb + (size_t)(n0 + br) * p.k + k0 + ac));
+            if (b_ok1) r.b1 = __ldg((const uint4*)(wb + (size_t)(n0 + br + 64) * p.k + k0 + ac));
         }
     };
-    auto store = [&](int buf) {
-        *(uint4*)&As[buf][ar * PFG_LDS + ac] = ra;
-        if (split) *(uint4*)&Al[buf][ar * PFG_LDS + ac] = ra_lo;
+    auto store = [&](int buf, const PfgStage& r) {
+        *(uint4*)&As[buf][ar * PFG_LDS + ac] = r.a;
+        if (split) *(uint4*)&Al[buf][ar * PFG_LDS + ac] = r.a_lo;
         if (p.int4) {
             // Nibble e of lane chunk l's word is column 16 (e / 4) + 4 l + e % 4 of this k tile.
             uint16_t* row = &Bs[buf][br * PFG_LDS];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t w = h ? rw1 : rw0;
+                const uint32_t w = h ? r.w1 : r.w0;
                 const int l = bl + h;
-                *(uint2*)(row + 4 * l) = make_uint2(dq_pair(w, 0, rs), dq_pair(w, 2, rs));
-                *(uint2*)(row + 16 + 4 * l) = make_uint2(dq_pair(w, 4, rs), dq_pair(w, 6, rs));
+                *(uint2*)(row + 4 * l) = make_uint2(dq_pair(w, 0, r.s), dq_pair(w, 2, r.s));
+                *(uint2*)(row + 16 + 4 * l) = make_uint2(dq_pair(w, 4, r.s), dq_pair(w, 6, r.s));
             }
         } else {
-            *(uint4*)&Bs[buf][br * PFG_LDS + ac] = rb0;
-            *(uint4*)&Bs[buf][(br + 64) * PFG_LDS + ac] = rb1;
+            *(uint4*)&Bs[buf][br * PFG_LDS + ac] = r.b0;
+            *(uint4*)&Bs[buf][(br + 64) * PFG_LDS + ac] = r.b1;
         }
     };
 
@@ -477,15 +490,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
 
-    // This block's part of K (the host keeps K's tiles a multiple of the parts).
-    const int per = p.k / PFG_BK / gridDim.z, kt0 = blockIdx.z * per, kt_end = kt0 + per;
-    float* c = p.c + (size_t)blockIdx.z * p.m * p.ldc;
-    load(kt0);
-    store(0);
-    __syncthreads();
-    for (int kt = kt0; kt < kt_end; kt++) {
-        const int buf = (kt - kt0) & 1;
-        if (kt + 1 < kt_end) load(kt + 1);
+    auto multiply = [&](int buf) {
 #pragma unroll
         for (int kk = 0; kk < PFG_BK; kk += 16) {
             uint32_t af[2][4], bfr[4][2];
@@ -500,12 +505,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
                 const uint16_t* tile = part ? Al[buf] : As[buf];
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
-                    const uint16_t* r0 = tile + (wm + mi * 16 + gq) * PFG_LDS + kk + 2 * cq;
-                    const uint16_t* r1 = r0 + 8 * PFG_LDS;
-                    af[mi][0] = *(const uint32_t*)r0;
-                    af[mi][1] = *(const uint32_t*)r1;
-                    af[mi][2] = *(const uint32_t*)(r0 + 8);
-                    af[mi][3] = *(const uint32_t*)(r1 + 8);
+                    const uint16_t* q0 = tile + (wm + mi * 16 + gq) * PFG_LDS + kk + 2 * cq;
+                    const uint16_t* q1 = q0 + 8 * PFG_LDS;
+                    af[mi][0] = *(const uint32_t*)q0;
+                    af[mi][1] = *(const uint32_t*)q1;
+                    af[mi][2] = *(const uint32_t*)(q0 + 8);
+                    af[mi][3] = *(const uint32_t*)(q1 + 8);
                 }
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
@@ -513,8 +518,38 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
                     for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni]);
             }
         }
-        if (kt + 1 < kt_end) store(buf ^ 1);
+    };
+
+    // This block's part of K (the host keeps K's tiles a multiple of the parts).
+    const int per = p.k / PFG_BK / gridDim.z, kt0 = blockIdx.z * per, kt_end = kt0 + per;
+    float* c = p.c + (size_t)blockIdx.z * p.m * p.ldc;
+    load(kt0, r0);
+    store(0, r0);
+    if (DEPTH == 1) {
         __syncthreads();
+        for (int kt = kt0; kt < kt_end; kt++) {
+            const int buf = (kt - kt0) & 1;
+            if (kt + 1 < kt_end) load(kt + 1, r0);
+            multiply(buf);
+            if (kt + 1 < kt_end) store(buf ^ 1, r0);
+            __syncthreads();
+        }
+    } else {
+        if (kt0 + 1 < kt_end) load(kt0 + 1, r1);
+        __syncthreads();
+        // Tile kt + 1 waits in `next` (loaded an iteration ago), tile kt + 2 goes to `free`
+        // (stored an iteration ago); two steps a turn so the stages keep fixed registers.
+        auto step = [&](int kt, PfgStage& next, PfgStage& free) {
+            const int buf = (kt - kt0) & 1;
+            if (kt + 2 < kt_end) load(kt + 2, free);
+            multiply(buf);
+            if (kt + 1 < kt_end) store(buf ^ 1, next);
+            __syncthreads();
+        };
+        for (int kt = kt0; kt < kt_end; kt += 2) {
+            step(kt, r1, r0);
+            if (kt + 1 < kt_end) step(kt + 1, r0, r1);
+        }
     }
 
 #pragma unroll
@@ -532,3 +567,6 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
                 }
             }
 }
+
+extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) { pf_gemm_tiles<1>(p); }
+extern "C" __global__ void __launch_bounds__(256) pf_gemm_d2(const PfGemmParams p) { pf_gemm_tiles<2>(p); }

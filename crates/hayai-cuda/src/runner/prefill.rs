@@ -186,6 +186,10 @@ pub(super) struct PrefillScratch {
     /// QKV and the PLE gate cut along K too (`HAYAI_PREFILL_PARTS_ALL=1`; written, not yet
     /// measured on a GPU, so off by default: their readers sum the parts either way).
     parts_all: bool,
+    /// The GEMM kernel: `pf_gemm` (the next K tile's loads in flight during a tile's products),
+    /// or `pf_gemm_d2` (the next two; `HAYAI_PREFILL_GEMM_DEPTH=2`, written, not yet measured).
+    /// Bit-identical outputs.
+    gemm_kernel: &'static str,
     /// Shared memory a block may opt into, and the attention's warp groups at most (2; 1 by
     /// `HAYAI_PREFILL_ATTN_GROUPS=1`, a measurement's setting).
     smem_optin: usize,
@@ -292,6 +296,10 @@ impl CudaRunner {
             y_cols: max_rows,
             q: self.gpu.alloc(rows * max_q * 4)?,
             parts_all: super::stream::env_i32("HAYAI_PREFILL_PARTS_ALL") == Some(1),
+            gemm_kernel: match super::stream::env_i32("HAYAI_PREFILL_GEMM_DEPTH") {
+                Some(2) => "pf_gemm_d2",
+                _ => "pf_gemm",
+            },
             ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
                 .filter(|&n| n >= 1)
                 .map(|n| n as usize),
@@ -425,7 +433,8 @@ impl CudaRunner {
             n_tok.div_ceil(64) as u32,
             parts as u32,
         );
-        self.gpu.launch(self.gpu.func("pf_gemm"), grid, 256, 0, &p)
+        let kernel = self.prefill.as_ref().map_or("pf_gemm", |pf| pf.gemm_kernel);
+        self.gpu.launch(self.gpu.func(kernel), grid, 256, 0, &p)
     }
 
     fn rows(&self, n: usize, p: PfRowsParams) -> Result<(), CudaError> {
