@@ -352,6 +352,7 @@ run() {
     local m v
     # The forms not yet the default checked first (carry .gpu/gpu-tests.gz too).
     if [ -x .gpu/gpu-tests ]; then
+      timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 prefill_gemm_depth_two_is_bit_identical 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
       for v in HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_GEMM_DEPTH=2 HAYAI_PREFILL_ATTN_GROUPS=1; do
         echo "-- parity with $v" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 batched_prefill_matches_cpu 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"

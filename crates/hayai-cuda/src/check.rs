@@ -137,6 +137,22 @@ fn all_logits(r: &mut dyn Runner, tokens: &[u32]) -> Result<Vec<Vec<f32>>, CudaE
     Ok(out)
 }
 
+/// Every prompt row's logits through the batched prefill (to compare prefill forms whose
+/// outputs must be bit-identical).
+pub fn prefill_logits(
+    model: &Model,
+    opts: &CudaOptions,
+    prompt: &[u32],
+) -> Result<Vec<Vec<f32>>, CudaError> {
+    let o = CudaOptions {
+        max_context: Some(prompt.len() + 1),
+        batched_prefill: true,
+        ..opts.clone()
+    };
+    let mut r = CudaRunner::new(Arc::new(model.clone()), o)?;
+    all_logits(&mut r, prompt)
+}
+
 fn greedy(r: &mut dyn Runner, first: u32, steps: usize) -> Result<Vec<u32>, CudaError> {
     let mut t = first;
     let mut out = Vec::with_capacity(steps);
