@@ -41,8 +41,9 @@
 #         with two K tiles' loads in flight, the attention's two warp groups, the GEMMs' K
 #         parts, whole-prompt chunks) by
 #         bench-engine's prefill ms at 272 tokens, and Nsight Compute's per-kernel times of one
-#         chunk (NCU_COUNT launches: 163 the one-chunk form of the 270M; carry .gpu/hayai.gz;
-#         ~4 min);
+#         chunk (NCU_COUNT launches: 163 the one-chunk form of the 270M; NCU_COUNT_E4B: 549,
+#         E4B's int4; carry .gpu/hayai.gz, and .gpu/gpu-tests.gz for the parity runs first;
+#         ~7 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
 #         (scripts/gpu-profile-sass.sh, summarized by scripts/sass_hotspots.py; carry
 #         .gpu/hayai.gz; PROFILE_QUANT: int4-a8 (default), int4 or bf16; ~2 min);
@@ -367,6 +368,10 @@ run() {
     timeout 120 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT:-163}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill.csv" \
       .gpu/hayai bench-engine --model synth:gemma3-270m --device cuda --quant bf16 --prompt-len 272 --gen 4 > /dev/null 2>&1
     python3 scripts/ncu_kernel_times.py "$out/ncu-prefill.csv" | tee -a "$out/session.log"
+    # E4B's chunk: 13 launches a layer x 42 + 3 before the first (549).
+    timeout 150 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT_E4B:-549}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill-e4b.csv" \
+      .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 272 --gen 4 > /dev/null 2>&1
+    python3 scripts/ncu_kernel_times.py "$out/ncu-prefill-e4b.csv" | tee -a "$out/session.log"
   fi
   if has bench-real; then
     stage "bench-engine real 270M"
