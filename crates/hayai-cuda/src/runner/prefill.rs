@@ -190,10 +190,9 @@ pub(super) struct PrefillScratch {
     /// or `pf_gemm_d2` (the next two; `HAYAI_PREFILL_GEMM_DEPTH=2`, written, not yet measured).
     /// Bit-identical outputs.
     gemm_kernel: &'static str,
-    /// Shared memory a block may opt into, and the attention's warp groups at most (2; 1 by
+    /// The attention's warp groups per layer ([`attn_groups`]; at most 1 with
     /// `HAYAI_PREFILL_ATTN_GROUPS=1`, a measurement's setting).
-    smem_optin: usize,
-    attn_groups_cap: usize,
+    attn_groups: Vec<usize>,
     /// [chunk][vocab] f32, allocated on the first request for every row's logits.
     logits: Option<DevBuf>,
     logits_host: Vec<f32>,
@@ -266,10 +265,16 @@ impl CudaRunner {
             Some(1) => 1,
             _ => 2,
         };
+        let groups: Vec<usize> = spec
+            .layers
+            .iter()
+            .map(|l| attn_groups(l.head_dim, optin, attn_groups_cap))
+            .collect();
         let smem = spec
             .layers
             .iter()
-            .map(|l| attn_groups(l.head_dim, optin, attn_groups_cap) * attn_smem(l.head_dim))
+            .zip(&groups)
+            .map(|(l, g)| g * attn_smem(l.head_dim))
             .max()
             .unwrap_or(0);
         if smem > 48 * 1024 {
@@ -303,8 +308,7 @@ impl CudaRunner {
             ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
                 .filter(|&n| n >= 1)
                 .map(|n| n as usize),
-            smem_optin: optin,
-            attn_groups_cap,
+            attn_groups: groups,
             ple_out: self.gpu.alloc(rows * ple_w.max(1) * 4)?,
             logits: None,
             logits_host: Vec::new(),
@@ -577,7 +581,7 @@ impl CudaRunner {
                 0,
                 &qp,
             )?;
-            let groups = attn_groups(ls.head_dim, pf.smem_optin, pf.attn_groups_cap);
+            let groups = pf.attn_groups[i];
             let ap = PfAttnParams {
                 q: pf.q.ptr(),
                 k_cache: kc,
