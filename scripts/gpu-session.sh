@@ -37,11 +37,9 @@
 #         staggered pollers, a release per warp, the hand-over inside a thread-block cluster;
 #         ~1 min); LINK_ARGS: extra arguments (e.g.
 #         "--stagger-only --cyc 900");
-#         prefill-ab: the batched prefill's forms (QKV and the PLE gate in K parts too, the GEMM
-#         with two K tiles' loads in flight, the attention's two warp groups, the GEMMs' K
-#         parts, whole-prompt chunks) by
-#         bench-engine's prefill ms at 272 tokens, and Nsight Compute's per-kernel times of one
-#         chunk (NCU_COUNT launches: 163 the one-chunk form of the 270M; NCU_COUNT_E4B: 549,
+#         prefill-ab: the batched prefill's forms (the wide GEMM, QKV and the PLE gate in one
+#         K part) by bench-engine's prefill ms at 272 tokens (bf16 both models, int4 E4B),
+#         and Nsight Compute's per-kernel times of one chunk (NCU_ENV: a setting; NCU_COUNT launches: 163 the one-chunk form of the 270M; NCU_COUNT_E4B: 549,
 #         E4B's int4; carry .gpu/hayai.gz, and .gpu/gpu-tests.gz for the parity runs first;
 #         ~7 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
@@ -353,23 +351,27 @@ run() {
     local m v
     # The forms not yet the default checked first (carry .gpu/gpu-tests.gz too).
     if [ -x .gpu/gpu-tests ]; then
-      timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 prefill_gemm_depth_two_is_bit_identical 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
-      for v in HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_GEMM_DEPTH=2 HAYAI_PREFILL_ATTN_GROUPS=1; do
+      timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 prefill_gemm_wide_is_bit_identical 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
+      for v in HAYAI_PREFILL_GEMM_WIDE=1; do
         echo "-- parity with $v" | tee -a "$out/session.log"
-        env $v timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 batched_prefill_matches_cpu 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
+        env $v timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 batched_prefill_matches_cpu --exact 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
       done
     fi
-    for m in synth:gemma3-270m synth:e4b; do
-      for v in "" HAYAI_PREFILL_PARTS_ALL=1 HAYAI_PREFILL_GEMM_DEPTH=2 HAYAI_PREFILL_ATTN_GROUPS=1 HAYAI_PREFILL_KSPLIT=1 HAYAI_PREFILL_WHOLE=0 ""; do
-        echo "-- $m ${v:-(defaults)}" | tee -a "$out/session.log"
-        env $v timeout 120 .gpu/hayai bench-engine --model $m --device cuda --quant bf16 --prompt-len 272 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
+    local mq vs
+    for mq in synth:gemma3-270m/bf16 synth:e4b/bf16 synth:e4b/int4; do
+      vs=("" HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_PARTS_ALL=0 "" HAYAI_PREFILL_GEMM_WIDE=1)
+      [ "${mq#*/}" = int4 ] && vs=("" HAYAI_PREFILL_GEMM_WIDE=1 "" HAYAI_PREFILL_GEMM_WIDE=1)
+      for v in "${vs[@]}"; do
+        echo "-- $mq ${v:-(defaults)}" | tee -a "$out/session.log"
+        env $v timeout 120 .gpu/hayai bench-engine --model "${mq%/*}" --device cuda --quant "${mq#*/}" --prompt-len 272 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
       done
     done
-    timeout 120 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT:-163}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill.csv" \
+    # NCU_ENV: a setting for both profiles (e.g. HAYAI_PREFILL_GEMM_WIDE=1).
+    env ${NCU_ENV:-} timeout 120 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT:-163}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill.csv" \
       .gpu/hayai bench-engine --model synth:gemma3-270m --device cuda --quant bf16 --prompt-len 272 --gen 4 > /dev/null 2>&1
     python3 scripts/ncu_kernel_times.py "$out/ncu-prefill.csv" | tee -a "$out/session.log"
     # E4B's chunk: 13 launches a layer x 42 + 3 before the first (549).
-    timeout 150 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT_E4B:-549}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill-e4b.csv" \
+    env ${NCU_ENV:-} timeout 150 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT_E4B:-549}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill-e4b.csv" \
       .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 272 --gen 4 > /dev/null 2>&1
     python3 scripts/ncu_kernel_times.py "$out/ncu-prefill-e4b.csv" | tee -a "$out/session.log"
   fi

@@ -408,19 +408,7 @@ __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int e, float s) {
     return f32_to_bf16_bits(a) | ((uint32_t)f32_to_bf16_bits(b) << 16);
 }
 
-// One K tile's global loads, held in registers until they are stored to shared memory.
-struct PfgStage {
-    uint4 a, a_lo, b0, b1;  // A (and its remainders); W bf16 rows br, br + 64
-    uint32_t w0, w1;        // W int4: two lane chunks' words
-    float s;                // W int4: the row's group scale
-};
-
-// DEPTH 1: tile k + 1's loads in flight while tile k is multiplied (`pf_gemm`). DEPTH 2: tile
-// k + 2's (two register stages, the loop unrolled by two so each stage stays in registers;
-// `pf_gemm_d2`, a measurement's kernel until it is measured). The products, their order and
-// the stores are the same in both, so their outputs are bit-identical.
-template <int DEPTH>
-__device__ __forceinline__ void pf_gemm_tiles(const PfGemmParams& p) {
+extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) {
     __shared__ __align__(16) uint16_t As[2][PFG_BM * PFG_LDS];
     __shared__ __align__(16) uint16_t Al[2][PFG_BM * PFG_LDS];  // precise mode only
     __shared__ __align__(16) uint16_t Bs[2][PFG_BN * PFG_LDS];
@@ -438,47 +426,46 @@ __device__ __forceinline__ void pf_gemm_tiles(const PfGemmParams& p) {
     const int br = p.int4 ? (tid >> 1) : (tid >> 2);
     const bool b_ok0 = n0 + br < p.n, b_ok1 = n0 + br + 64 < p.n;
     const int bl = (tid & 1) * 2;
-    // Zero weights when out of range.
-    const PfgStage zero = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0),
-                           make_uint4(0, 0, 0, 0), 0x88888888u, 0x88888888u, 0.f};
-    PfgStage r0 = zero, r1 = zero;
+    uint4 ra = make_uint4(0, 0, 0, 0), ra_lo = ra, rb0 = ra, rb1 = ra;
+    uint32_t rw0 = 0x88888888u, rw1 = 0x88888888u;  // zero weights when out of range
+    float rs = 0.f;
 
-    auto load = [&](int kt, PfgStage& r) {
+    auto load = [&](int kt) {
         const int k0 = kt * PFG_BK;
         if (a_ok) {
-            r.a = *(const uint4*)(p.a + a_off + k0);
-            if (split) r.a_lo = *(const uint4*)(p.a_lo + a_off + k0);
+            ra = *(const uint4*)(p.a + a_off + k0);
+            if (split) ra_lo = *(const uint4*)(p.a_lo + a_off + k0);
         }
         if (p.int4) {
             if (b_ok0) {
                 const int grp = k0 >> 7, u = (k0 >> 5) & 3;
                 const uint8_t* base = (const uint8_t*)p.w + (size_t)(n0 + br) * (p.k >> 1) + grp * 64 + u * 4;
-                r.w0 = __ldg((const uint32_t*)(base + bl * 16));
-                r.w1 = __ldg((const uint32_t*)(base + (bl + 1) * 16));
-                r.s = bf16_to_f32(p.scales[(size_t)(n0 + br) * (p.k >> 7) + grp]);
+                rw0 = __ldg((const uint32_t*)(base + bl * 16));
+                rw1 = __ldg((const uint32_t*)(base + (bl + 1) * 16));
+                rs = bf16_to_f32(p.scales[(size_t)(n0 + br) * (p.k >> 7) + grp]);
             }
         } else {
             const uint16_t* wb = (const uint16_t*)p.w;
-            if (b_ok0) r.b0 = __ldg((const uint4*)(wb + (size_t)(n0 + br) * p.k + k0 + ac));
-            if (b_ok1) r.b1 = __ldg((const uint4*)(wb + (size_t)(n0 + br + 64) * p.k + k0 + ac));
+            if (b_ok0) rb0 = __ldg((const uint4*)(wb + (size_t)(n0 + br) * p.k + k0 + ac));
+            if (b_ok1) rb1 = __ldg((const uint4*)(wb + (size_t)(n0 + br + 64) * p.k + k0 + ac));
         }
     };
-    auto store = [&](int buf, const PfgStage& r) {
-        *(uint4*)&As[buf][ar * PFG_LDS + ac] = r.a;
-        if (split) *(uint4*)&Al[buf][ar * PFG_LDS + ac] = r.a_lo;
+    auto store = [&](int buf) {
+        *(uint4*)&As[buf][ar * PFG_LDS + ac] = ra;
+        if (split) *(uint4*)&Al[buf][ar * PFG_LDS + ac] = ra_lo;
         if (p.int4) {
             // Nibble e of lane chunk l's word is column 16 (e / 4) + 4 l + e % 4 of this k tile.
             uint16_t* row = &Bs[buf][br * PFG_LDS];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t w = h ? r.w1 : r.w0;
+                const uint32_t w = h ? rw1 : rw0;
                 const int l = bl + h;
-                *(uint2*)(row + 4 * l) = make_uint2(dq_pair(w, 0, r.s), dq_pair(w, 2, r.s));
-                *(uint2*)(row + 16 + 4 * l) = make_uint2(dq_pair(w, 4, r.s), dq_pair(w, 6, r.s));
+                *(uint2*)(row + 4 * l) = make_uint2(dq_pair(w, 0, rs), dq_pair(w, 2, rs));
+                *(uint2*)(row + 16 + 4 * l) = make_uint2(dq_pair(w, 4, rs), dq_pair(w, 6, rs));
             }
         } else {
-            *(uint4*)&Bs[buf][br * PFG_LDS + ac] = r.b0;
-            *(uint4*)&Bs[buf][(br + 64) * PFG_LDS + ac] = r.b1;
+            *(uint4*)&Bs[buf][br * PFG_LDS + ac] = rb0;
+            *(uint4*)&Bs[buf][(br + 64) * PFG_LDS + ac] = rb1;
         }
     };
 
@@ -490,7 +477,15 @@ __device__ __forceinline__ void pf_gemm_tiles(const PfGemmParams& p) {
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
 
-    auto multiply = [&](int buf) {
+    // This block's part of K (the host keeps K's tiles a multiple of the parts).
+    const int per = p.k / PFG_BK / gridDim.z, kt0 = blockIdx.z * per, kt_end = kt0 + per;
+    float* c = p.c + (size_t)blockIdx.z * p.m * p.ldc;
+    load(kt0);
+    store(0);
+    __syncthreads();
+    for (int kt = kt0; kt < kt_end; kt++) {
+        const int buf = (kt - kt0) & 1;
+        if (kt + 1 < kt_end) load(kt + 1);
 #pragma unroll
         for (int kk = 0; kk < PFG_BK; kk += 16) {
             uint32_t af[2][4], bfr[4][2];
@@ -505,12 +500,12 @@ __device__ __forceinline__ void pf_gemm_tiles(const PfGemmParams& p) {
                 const uint16_t* tile = part ? Al[buf] : As[buf];
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
-                    const uint16_t* q0 = tile + (wm + mi * 16 + gq) * PFG_LDS + kk + 2 * cq;
-                    const uint16_t* q1 = q0 + 8 * PFG_LDS;
-                    af[mi][0] = *(const uint32_t*)q0;
-                    af[mi][1] = *(const uint32_t*)q1;
-                    af[mi][2] = *(const uint32_t*)(q0 + 8);
-                    af[mi][3] = *(const uint32_t*)(q1 + 8);
+                    const uint16_t* r0 = tile + (wm + mi * 16 + gq) * PFG_LDS + kk + 2 * cq;
+                    const uint16_t* r1 = r0 + 8 * PFG_LDS;
+                    af[mi][0] = *(const uint32_t*)r0;
+                    af[mi][1] = *(const uint32_t*)r1;
+                    af[mi][2] = *(const uint32_t*)(r0 + 8);
+                    af[mi][3] = *(const uint32_t*)(r1 + 8);
                 }
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
@@ -518,38 +513,8 @@ __device__ __forceinline__ void pf_gemm_tiles(const PfGemmParams& p) {
                     for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni]);
             }
         }
-    };
-
-    // This block's part of K (the host keeps K's tiles a multiple of the parts).
-    const int per = p.k / PFG_BK / gridDim.z, kt0 = blockIdx.z * per, kt_end = kt0 + per;
-    float* c = p.c + (size_t)blockIdx.z * p.m * p.ldc;
-    load(kt0, r0);
-    store(0, r0);
-    if (DEPTH == 1) {
+        if (kt + 1 < kt_end) store(buf ^ 1);
         __syncthreads();
-        for (int kt = kt0; kt < kt_end; kt++) {
-            const int buf = (kt - kt0) & 1;
-            if (kt + 1 < kt_end) load(kt + 1, r0);
-            multiply(buf);
-            if (kt + 1 < kt_end) store(buf ^ 1, r0);
-            __syncthreads();
-        }
-    } else {
-        if (kt0 + 1 < kt_end) load(kt0 + 1, r1);
-        __syncthreads();
-        // Tile kt + 1 waits in `next` (loaded an iteration ago), tile kt + 2 goes to `free`
-        // (stored an iteration ago); two steps a turn so the stages keep fixed registers.
-        auto step = [&](int kt, PfgStage& next, PfgStage& free) {
-            const int buf = (kt - kt0) & 1;
-            if (kt + 2 < kt_end) load(kt + 2, free);
-            multiply(buf);
-            if (kt + 1 < kt_end) store(buf ^ 1, next);
-            __syncthreads();
-        };
-        for (int kt = kt0; kt < kt_end; kt += 2) {
-            step(kt, r1, r0);
-            if (kt + 1 < kt_end) step(kt + 1, r0, r1);
-        }
     }
 
 #pragma unroll
@@ -568,5 +533,149 @@ __device__ __forceinline__ void pf_gemm_tiles(const PfGemmParams& p) {
             }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) { pf_gemm_tiles<1>(p); }
-extern "C" __global__ void __launch_bounds__(256) pf_gemm_d2(const PfGemmParams p) { pf_gemm_tiles<2>(p); }
+// ---- The wide GEMM: block tile 64 x 256 x 32, warp tile 32 x 64 ------------------------------
+// The same products as pf_gemm in the same order for every output, so the same outputs bit for
+// bit; fewer shared-memory wavefronts per mma (a warp's 32 x 64 tile reads 1.5 KB of fragments
+// for 16 mma per 16 of K, pf_gemm's 32 x 32 tile 1 KB for 8), its fragments by ldmatrix (one
+// instruction for four 8 x 8 matrices), A and bf16 W copied by cp.async (not staged in
+// registers). int4 W is staged in registers: it is dequantized on its way into shared memory.
+// Dynamic shared memory: A [2][64 x 40], W [2][256 x 40], then precise mode's A remainders.
+#define PFW_BN 256
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const uint16_t* smem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) pf_gemm_w(const PfGemmParams p) {
+    extern __shared__ __align__(16) uint16_t pfw_smem[];
+    constexpr int A_T = PFG_BM * PFG_LDS, B_T = PFW_BN * PFG_LDS;
+    uint16_t* const As = pfw_smem;
+    uint16_t* const Bs = As + 2 * A_T;
+    uint16_t* const Al = Bs + 2 * B_T;  // precise mode only (the host sizes the area)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 64;
+    const int m0 = blockIdx.y * PFG_BM, n0 = blockIdx.x * PFW_BN;
+    const int gq = lane >> 2, cq = lane & 3;
+    const bool split = p.a_lo != nullptr;
+
+    // Copy roles. A: row tid/4, 8 columns at (tid%4)*8 (rows past m zero-filled). W bf16: rows
+    // tid/4 + 64 i, same columns. W int4: row tid, its four lane chunks' words.
+    const int ar = tid >> 2, ac = (tid & 3) * 8;
+    const bool a_ok = m0 + ar < p.m;
+    const size_t a_off = (size_t)(a_ok ? m0 + ar : 0) * p.k + ac;
+    const uint16_t* wb = (const uint16_t*)p.w;
+    const bool w4_ok = n0 + tid < p.n;
+    uint32_t rw[4] = {0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u};  // zero weights
+    float rs = 0.f;
+
+    auto issue = [&](int kt, int buf) {
+        const int k0 = kt * PFG_BK;
+        cp_async16_zfill(As + buf * A_T + ar * PFG_LDS + ac, p.a + a_off + k0, a_ok);
+        if (split) cp_async16_zfill(Al + buf * A_T + ar * PFG_LDS + ac, p.a_lo + a_off + k0, a_ok);
+        if (p.int4) {
+            if (w4_ok) {
+                const int grp = k0 >> 7, u = (k0 >> 5) & 3;
+                const uint8_t* base = (const uint8_t*)p.w + (size_t)(n0 + tid) * (p.k >> 1) + grp * 64 + u * 4;
+#pragma unroll
+                for (int l = 0; l < 4; l++) rw[l] = __ldg((const uint32_t*)(base + l * 16));
+                rs = bf16_to_f32(p.scales[(size_t)(n0 + tid) * (p.k >> 7) + grp]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = ar + 64 * i;
+                const bool ok = n0 + r < p.n;
+                cp_async16_zfill(Bs + buf * B_T + r * PFG_LDS + ac, wb + (size_t)(ok ? n0 + r : 0) * p.k + k0 + ac, ok);
+            }
+        }
+        cp_async_commit();
+    };
+    // Nibble e of lane chunk l's word is column 16 (e / 4) + 4 l + e % 4 of this k tile.
+    auto store_w4 = [&](int buf) {
+        uint16_t* row = Bs + buf * B_T + tid * PFG_LDS;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            *(uint2*)(row + 4 * l) = make_uint2(dq_pair(rw[l], 0, rs), dq_pair(rw[l], 2, rs));
+            *(uint2*)(row + 16 + 4 * l) = make_uint2(dq_pair(rw[l], 4, rs), dq_pair(rw[l], 6, rs));
+        }
+    };
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+
+    // Fragment addresses (ldmatrix: lanes 8 j .. 8 j + 7 give matrix j's rows). A: matrices
+    // (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15), the mma's a0..a3. W: (n 0-7,
+    // k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15): b0, b1 of two n tiles.
+    const int a_frag = (wm + (lane & 15)) * PFG_LDS + ((lane >> 4) << 3);
+    const int b_frag = (wn + ((lane >> 4) << 3) + (lane & 7)) * PFG_LDS + (((lane >> 3) & 1) << 3);
+    auto multiply = [&](int buf) {
+#pragma unroll
+        for (int kk = 0; kk < PFG_BK; kk += 16) {
+            uint32_t bfr[8][2];
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t r[4];
+                ldmatrix_x4(r, Bs + buf * B_T + b_frag + np * 16 * PFG_LDS + kk);
+                bfr[2 * np][0] = r[0];
+                bfr[2 * np][1] = r[1];
+                bfr[2 * np + 1][0] = r[2];
+                bfr[2 * np + 1][1] = r[3];
+            }
+            // A = the bf16 values, plus in precise mode their remainders (same B fragments).
+            for (int part = 0; part < (split ? 2 : 1); part++) {
+                const uint16_t* tile = (part ? Al : As) + buf * A_T + a_frag + kk;
+                uint32_t af[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) ldmatrix_x4(af[mi], tile + mi * 16 * PFG_LDS);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < 8; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni]);
+            }
+        }
+    };
+
+    // This block's part of K (the host keeps K's tiles a multiple of the parts).
+    const int per = p.k / PFG_BK / gridDim.z, kt0 = blockIdx.z * per, kt_end = kt0 + per;
+    float* c = p.c + (size_t)blockIdx.z * p.m * p.ldc;
+    issue(kt0, 0);
+    if (p.int4) store_w4(0);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int kt = kt0; kt < kt_end; kt++) {
+        const int buf = (kt - kt0) & 1;
+        const bool more = kt + 1 < kt_end;
+        // The other buffer was last read before the previous iteration's barrier.
+        if (more) issue(kt + 1, buf ^ 1);
+        multiply(buf);
+        if (more) {
+            if (p.int4) store_w4(buf ^ 1);
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int row = m0 + wm + mi * 16 + gq + (r >> 1) * 8;
+                const int col = n0 + wn + ni * 8 + 2 * cq + (r & 1);
+                if (row < p.m && col < p.n) {
+                    float v = acc[mi][ni][r];
+                    if (p.softcap > 0.f) v = p.softcap * tanhf(v / p.softcap);
+                    c[(size_t)row * p.ldc + col] = v;
+                }
+            }
+}

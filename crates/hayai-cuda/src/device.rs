@@ -164,7 +164,7 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("pf_qkv", false),
     ("pf_attention", false),
     ("pf_gemm", false),
-    ("pf_gemm_d2", false),
+    ("pf_gemm_w", false),
     ("decode_step_s6", false),
     ("decode_step_s3", false),
     ("decode_stream_r10", false),

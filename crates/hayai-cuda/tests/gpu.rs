@@ -174,25 +174,32 @@ fn batched_prefill_matches_cpu() {
     }
 }
 
-/// On a GPU: the prefill GEMM with two K tiles' loads in flight (`HAYAI_PREFILL_GEMM_DEPTH=2`,
-/// `pf_gemm_d2`) multiplies the same products in the same order as `pf_gemm`: every prompt
-/// row's logits bit-identical, both architectures and quantizations. (It sets the variable for
-/// its own runners; the GPU tests run one at a time.)
+/// On a GPU: the wide prefill GEMM (`HAYAI_PREFILL_GEMM_WIDE=1`, `pf_gemm_w`: 64 x 256 block
+/// tiles, ldmatrix fragments, cp.async copies) multiplies the same products in the same order
+/// as `pf_gemm`: every prompt row's logits bit-identical, both architectures, both
+/// quantizations, the default and the precise mode. (It sets the variable for its own runners;
+/// the GPU tests run one at a time.)
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn prefill_gemm_depth_two_is_bit_identical() {
+fn prefill_gemm_wide_is_bit_identical() {
     require_gpu();
-    const VAR: &str = "HAYAI_PREFILL_GEMM_DEPTH";
+    const VAR: &str = "HAYAI_PREFILL_GEMM_WIDE";
     for (arch, seed) in [(Arch::Gemma4, 1), (Arch::Gemma3, 2)] {
         let m = random_model(&small_spec(arch), seed);
         let p = prompt(300, m.spec.vocab);
         for q in [Quant::Bf16, Quant::Int4] {
-            std::env::remove_var(VAR);
-            let one = hayai_cuda::check::prefill_logits(&m, &opts(q, false), &p).unwrap();
-            std::env::set_var(VAR, "2");
-            let two = hayai_cuda::check::prefill_logits(&m, &opts(q, false), &p);
-            std::env::remove_var(VAR);
-            assert!(one == two.unwrap(), "{arch:?} {q:?}");
+            for precise in [false, true] {
+                let o = CudaOptions {
+                    precise_prefill: precise,
+                    ..opts(q, false)
+                };
+                std::env::remove_var(VAR);
+                let narrow = hayai_cuda::check::prefill_logits(&m, &o, &p).unwrap();
+                std::env::set_var(VAR, "1");
+                let wide = hayai_cuda::check::prefill_logits(&m, &o, &p);
+                std::env::remove_var(VAR);
+                assert!(narrow == wide.unwrap(), "{arch:?} {q:?} precise={precise}");
+            }
         }
     }
 }

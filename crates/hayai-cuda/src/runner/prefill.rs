@@ -48,6 +48,36 @@ fn gemm_parts(
     s
 }
 
+/// Where the wide GEMM (`pf_gemm_w`) runs instead of `pf_gemm`. Measured on the H200 (E4B
+/// shapes, 272 tokens): bf16 weights 32.0 -> 27.2 ms a prefill all wide, but int4 33.9 -> 39.6
+/// (its dequantizing loads, a row a thread, against two threads a row in `pf_gemm`) and the
+/// 270M's shapes 3.5 -> 3.7 (60-80 blocks of 256 columns leave SMs idle). So by default
+/// (`Filling`): bf16 weights whose wide blocks fill the SMs. `HAYAI_PREFILL_GEMM_WIDE=0|1`:
+/// never or always (measurements); never where its shared memory does not fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WideGemm {
+    Never,
+    Filling,
+    Always,
+}
+
+impl WideGemm {
+    fn takes(self, int4: bool, blocks: usize, sms: usize) -> bool {
+        match self {
+            WideGemm::Never => false,
+            WideGemm::Filling => !int4 && blocks >= sms,
+            WideGemm::Always => true,
+        }
+    }
+}
+
+/// Dynamic shared memory of `pf_gemm_w`: A's and W's tiles (64 and 256 rows of 40 bf16) double
+/// buffered, and A's remainders' in precise mode.
+fn gemm_w_smem(precise: bool) -> usize {
+    let a = 2 * 64 * 40 * 2;
+    2 * 256 * 40 * 2 + a + if precise { a } else { 0 }
+}
+
 /// Tokens the next chunk takes at position `p0` with `left` to go: `base` anywhere, more while
 /// `p0 + n` stays within the smallest KV ring (`min_cap`: no slot is written twice, so every
 /// key stays where it is), up to `max`.
@@ -183,13 +213,12 @@ pub(super) struct PrefillScratch {
     /// A measurement's setting of the GEMMs' K parts (`HAYAI_PREFILL_KSPLIT`: a positive
     /// integer; 1 keeps every GEMM in one part).
     ksplit_env: Option<usize>,
-    /// QKV and the PLE gate cut along K too (`HAYAI_PREFILL_PARTS_ALL=1`; written, not yet
-    /// measured on a GPU, so off by default: their readers sum the parts either way).
+    /// QKV and the PLE gate cut along K too, as O, down and the PLE projection are (on by
+    /// default; `HAYAI_PREFILL_PARTS_ALL=0` keeps them in one part, a measurement's setting).
     parts_all: bool,
-    /// The GEMM kernel: `pf_gemm` (the next K tile's loads in flight during a tile's products),
-    /// or `pf_gemm_d2` (the next two; `HAYAI_PREFILL_GEMM_DEPTH=2`, written, not yet measured).
-    /// Bit-identical outputs.
-    gemm_kernel: &'static str,
+    /// Which GEMMs run as `pf_gemm_w` (64 x 256 block tiles, ldmatrix fragments, cp.async
+    /// copies) instead of `pf_gemm` (64 x 128), bit-identical outputs: [`WideGemm`].
+    gemm_wide: WideGemm,
     /// The attention's warp groups per layer ([`attn_groups`]; at most 1 with
     /// `HAYAI_PREFILL_ATTN_GROUPS=1`, a measurement's setting).
     attn_groups: Vec<usize>,
@@ -285,6 +314,19 @@ impl CudaRunner {
             }
             self.gpu.set_max_dynamic_smem("pf_attention", smem)?;
         }
+        let gemm_wide = if gemm_w_smem(true) > optin {
+            WideGemm::Never
+        } else {
+            match super::stream::env_i32("HAYAI_PREFILL_GEMM_WIDE") {
+                Some(0) => WideGemm::Never,
+                Some(1) => WideGemm::Always,
+                _ => WideGemm::Filling,
+            }
+        };
+        if gemm_wide != WideGemm::Never {
+            self.gpu
+                .set_max_dynamic_smem("pf_gemm_w", gemm_w_smem(true))?;
+        }
         Ok(PrefillScratch {
             chunk,
             max_chunk,
@@ -300,11 +342,8 @@ impl CudaRunner {
             y: self.gpu.alloc(rows * max_rows * 4)?,
             y_cols: max_rows,
             q: self.gpu.alloc(rows * max_q * 4)?,
-            parts_all: super::stream::env_i32("HAYAI_PREFILL_PARTS_ALL") == Some(1),
-            gemm_kernel: match super::stream::env_i32("HAYAI_PREFILL_GEMM_DEPTH") {
-                Some(2) => "pf_gemm_d2",
-                _ => "pf_gemm",
-            },
+            parts_all: super::stream::env_i32("HAYAI_PREFILL_PARTS_ALL") != Some(0),
+            gemm_wide,
             ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
                 .filter(|&n| n >= 1)
                 .map(|n| n as usize),
@@ -432,13 +471,22 @@ impl CudaRunner {
             int4: m.int4 as i32,
             softcap,
         };
-        let grid = (
-            m.rows.div_ceil(128) as u32,
-            n_tok.div_ceil(64) as u32,
-            parts as u32,
-        );
-        let kernel = self.prefill.as_ref().map_or("pf_gemm", |pf| pf.gemm_kernel);
-        self.gpu.launch(self.gpu.func(kernel), grid, 256, 0, &p)
+        let m_tiles = n_tok.div_ceil(64);
+        let wide = self.prefill.as_ref().is_some_and(|pf| {
+            pf.gemm_wide.takes(
+                m.int4,
+                m.rows.div_ceil(256) * m_tiles * parts,
+                self.gpu.sm_count.max(1) as usize,
+            )
+        });
+        let (kernel, cols, smem) = if wide {
+            ("pf_gemm_w", 256, gemm_w_smem(a_lo != 0))
+        } else {
+            ("pf_gemm", 128, 0)
+        };
+        let grid = (m.rows.div_ceil(cols) as u32, m_tiles as u32, parts as u32);
+        self.gpu
+            .launch(self.gpu.func(kernel), grid, 256, smem as u32, &p)
     }
 
     fn rows(&self, n: usize, p: PfRowsParams) -> Result<(), CudaError> {
@@ -735,6 +783,21 @@ mod tests {
         assert_eq!(gemm_parts(5, 32, 132, 6, Some(1)), 1);
         assert_eq!(gemm_parts(5, 32, 132, 6, Some(2)), 2);
         assert_eq!(gemm_parts(140, 64, 132, 6, Some(4)), 4);
+    }
+
+    #[test]
+    fn the_wide_gemm_takes_bf16_weights_whose_blocks_fill_the_sms() {
+        let f = WideGemm::Filling;
+        // E4B, 272 tokens (5 row tiles), 132 SMs: gate/up (20,480 rows: 80 x 5 blocks) and
+        // O/down in four K parts (10 x 5 x 4) wide in bf16, never in int4.
+        assert!(f.takes(false, 80 * 5, 132));
+        assert!(f.takes(false, 10 * 5 * 4, 132));
+        assert!(!f.takes(true, 80 * 5, 132));
+        // The 270M's gate/up (4,096 rows: 16 x 5) and its PLE-less O/down (3 x 5 x 4): narrow.
+        assert!(!f.takes(false, 16 * 5, 132));
+        assert!(!f.takes(false, 3 * 5 * 4, 132));
+        assert!(WideGemm::Always.takes(true, 1, 132));
+        assert!(!WideGemm::Never.takes(false, 1000, 132));
     }
 
     #[test]
