@@ -258,6 +258,17 @@ impl Gpu {
             .saturating_sub(static_bytes.max(0) as usize))
     }
 
+    /// Shared memory an SM holds for all its resident blocks (each block also takes 1 KB of it
+    /// for the system).
+    pub fn max_smem_per_sm(&self) -> Result<usize, CudaError> {
+        Ok(self
+            .ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )
+            .map_err(drv)? as usize)
+    }
+
     pub fn max_smem_optin(&self) -> Result<usize, CudaError> {
         Ok(self
             .ctx

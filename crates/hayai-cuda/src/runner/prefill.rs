@@ -52,8 +52,10 @@ fn gemm_parts(
 /// shapes, 272 tokens): bf16 weights 32.0 -> 27.2 ms a prefill all wide, but int4 33.9 -> 39.6
 /// (its dequantizing loads, a row a thread, against two threads a row in `pf_gemm`) and the
 /// 270M's shapes 3.5 -> 3.7 (60-80 blocks of 256 columns leave SMs idle). So by default
-/// (`Filling`): bf16 weights whose wide blocks fill the SMs. `HAYAI_PREFILL_GEMM_WIDE=0|1`:
-/// never or always (measurements); never where its shared memory does not fit.
+/// (`Filling`): bf16 weights whose wide blocks fill the SMs, where two blocks fit an SM's shared
+/// memory as on the H200 (an A10G's 100 KB holds one: unmeasured there, so `Never`).
+/// `HAYAI_PREFILL_GEMM_WIDE=0|1`: never or always (measurements; always only where a block
+/// fits at all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WideGemm {
     Never,
@@ -62,6 +64,20 @@ enum WideGemm {
 }
 
 impl WideGemm {
+    /// From the setting (`HAYAI_PREFILL_GEMM_WIDE`), a block's opt-in shared memory and an
+    /// SM's.
+    fn choose(setting: Option<i32>, optin: usize, per_sm: usize) -> WideGemm {
+        let fits = gemm_w_smem(true) <= optin;
+        let two_per_sm = 2 * (gemm_w_smem(false) + 1024) <= per_sm;
+        match setting {
+            _ if !fits => WideGemm::Never,
+            Some(0) => WideGemm::Never,
+            Some(1) => WideGemm::Always,
+            _ if two_per_sm => WideGemm::Filling,
+            _ => WideGemm::Never,
+        }
+    }
+
     fn takes(self, int4: bool, blocks: usize, sms: usize) -> bool {
         match self {
             WideGemm::Never => false,
@@ -314,15 +330,11 @@ impl CudaRunner {
             }
             self.gpu.set_max_dynamic_smem("pf_attention", smem)?;
         }
-        let gemm_wide = if gemm_w_smem(true) > optin {
-            WideGemm::Never
-        } else {
-            match super::stream::env_i32("HAYAI_PREFILL_GEMM_WIDE") {
-                Some(0) => WideGemm::Never,
-                Some(1) => WideGemm::Always,
-                _ => WideGemm::Filling,
-            }
-        };
+        let gemm_wide = WideGemm::choose(
+            super::stream::env_i32("HAYAI_PREFILL_GEMM_WIDE"),
+            optin,
+            self.gpu.max_smem_per_sm()?,
+        );
         if gemm_wide != WideGemm::Never {
             self.gpu
                 .set_max_dynamic_smem("pf_gemm_w", gemm_w_smem(true))?;
@@ -797,6 +809,22 @@ mod tests {
         assert!(!f.takes(false, 16 * 5, 132));
         assert!(!f.takes(false, 3 * 5 * 4, 132));
         assert!(WideGemm::Always.takes(true, 1, 132));
+        // The H200 (227 KB a block, 228 an SM) by default; an A10G (99 / 100 KB: one block an
+        // SM) only when asked; a GPU whose block cannot hold it never.
+        assert_eq!(WideGemm::choose(None, 227 << 10, 228 << 10), f);
+        assert_eq!(WideGemm::choose(None, 99 << 10, 100 << 10), WideGemm::Never);
+        assert_eq!(
+            WideGemm::choose(Some(1), 99 << 10, 100 << 10),
+            WideGemm::Always
+        );
+        assert_eq!(
+            WideGemm::choose(Some(0), 227 << 10, 228 << 10),
+            WideGemm::Never
+        );
+        assert_eq!(
+            WideGemm::choose(Some(1), 48 << 10, 64 << 10),
+            WideGemm::Never
+        );
         assert!(!WideGemm::Never.takes(false, 1000, 132));
     }
 
