@@ -37,8 +37,8 @@
 #         staggered pollers, a release per warp, the hand-over inside a thread-block cluster;
 #         ~1 min); LINK_ARGS: extra arguments (e.g.
 #         "--stagger-only --cyc 900");
-#         prefill-ab: the batched prefill's forms (the wide GEMM, QKV and the PLE gate in one
-#         K part) by bench-engine's prefill ms at 272 tokens (bf16 both models, int4 E4B),
+#         prefill-ab: the batched prefill's forms (the wide GEMM, int4 dequantized to bf16
+#         rows for it, QKV and the PLE gate in one K part) by bench-engine's prefill ms at 272 tokens (bf16 both models, int4 E4B),
 #         and Nsight Compute's per-kernel times of one chunk (NCU_ENV: a setting; NCU_COUNT launches: 163 the one-chunk form of the 270M; NCU_COUNT_E4B: 549,
 #         E4B's int4; carry .gpu/hayai.gz, and .gpu/gpu-tests.gz for the parity runs first;
 #         ~7 min);
@@ -352,7 +352,7 @@ run() {
     # The forms not yet the default checked first (carry .gpu/gpu-tests.gz too).
     if [ -x .gpu/gpu-tests ]; then
       timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 prefill_gemm_wide_is_bit_identical 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
-      for v in HAYAI_PREFILL_GEMM_WIDE=1; do
+      for v in HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_INT4_DEQUANT=1; do
         echo "-- parity with $v" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 batched_prefill_matches_cpu --exact 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
       done
@@ -360,11 +360,17 @@ run() {
     local mq vs
     for mq in synth:gemma3-270m/bf16 synth:e4b/bf16 synth:e4b/int4; do
       vs=("" HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_PARTS_ALL=0 "" HAYAI_PREFILL_GEMM_WIDE=1)
-      [ "${mq#*/}" = int4 ] && vs=("" HAYAI_PREFILL_GEMM_WIDE=1 "" HAYAI_PREFILL_GEMM_WIDE=1)
+      [ "${mq#*/}" = int4 ] && vs=("" HAYAI_PREFILL_INT4_DEQUANT=1 HAYAI_PREFILL_GEMM_WIDE=1 "" HAYAI_PREFILL_INT4_DEQUANT=1)
       for v in "${vs[@]}"; do
         echo "-- $mq ${v:-(defaults)}" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/hayai bench-engine --model "${mq%/*}" --device cuda --quant "${mq#*/}" --prompt-len 272 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
       done
+    done
+    # int4 at 2,048 tokens: the dequantized rows cost once a GEMM, the in-tile dequantization
+    # once a 64-row tile.
+    for v in "" HAYAI_PREFILL_INT4_DEQUANT=1; do
+      echo "-- synth:e4b/int4 2048 ${v:-(defaults)}" | tee -a "$out/session.log"
+      env $v timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 2048 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
     done
     # NCU_ENV: a setting for both profiles (e.g. HAYAI_PREFILL_GEMM_WIDE=1).
     env ${NCU_ENV:-} timeout 120 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT:-163}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill.csv" \

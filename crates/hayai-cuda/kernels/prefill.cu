@@ -533,6 +533,33 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
             }
 }
 
+// ---- int4 weights to bf16 rows ------------------------------------------------------------------
+// The int4 GEMV layout to row-major bf16 [n][k]: the values pf_gemm's int4 tiles hold in shared
+// memory (dq_pair), so pf_gemm_w multiplying them gives pf_gemm's int4 outputs bit for bit. A
+// prompt's int4 GEMM then dequantizes each weight once instead of once a 64-row tile.
+struct PfDequantParams {
+    const void* w;
+    const uint16_t* scales;  // bf16 [n][k/128]
+    uint16_t* out;           // bf16 [n][k]
+    int n, k;
+};
+
+extern "C" __global__ void __launch_bounds__(256) pf_dequant(const PfDequantParams p) {
+    // One 32-bit word a thread: 16 words a 128-column group, word 4 l + u of a group holds lane
+    // chunk l's nibbles of the group's 32-column tile u (pf_gemm's loads).
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int wpr = p.k >> 3;
+    if (i >= (size_t)p.n * wpr) return;
+    const int n = (int)(i / wpr), wi = (int)(i % wpr);
+    const int grp = wi >> 4, l = (wi >> 2) & 3, u = wi & 3;
+    const uint32_t w = __ldg((const uint32_t*)p.w + i);
+    const float s = bf16_to_f32(p.scales[(size_t)n * (p.k >> 7) + grp]);
+    // Nibble e is column 16 (e / 4) + 4 l + e % 4 of tile u.
+    uint16_t* row = p.out + (size_t)n * p.k + grp * 128 + u * 32;
+    *(uint2*)(row + 4 * l) = make_uint2(dq_pair(w, 0, s), dq_pair(w, 2, s));
+    *(uint2*)(row + 16 + 4 * l) = make_uint2(dq_pair(w, 4, s), dq_pair(w, 6, s));
+}
+
 // ---- The wide GEMM: block tile 64 x 256 x 32, warp tile 32 x 64 ------------------------------
 // The same products as pf_gemm in the same order for every output, so the same outputs bit for
 // bit; fewer shared-memory wavefronts per mma (a warp's 32 x 64 tile reads 1.5 KB of fragments

@@ -165,6 +165,7 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("pf_attention", false),
     ("pf_gemm", false),
     ("pf_gemm_w", false),
+    ("pf_dequant", false),
     ("decode_step_s6", false),
     ("decode_step_s3", false),
     ("decode_stream_r10", false),

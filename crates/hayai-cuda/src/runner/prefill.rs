@@ -194,6 +194,16 @@ struct PfAttnParams {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
+struct PfDequantParams {
+    w: u64,
+    scales: u64,
+    out: u64,
+    n: i32,
+    k: i32,
+}
+
+#[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct PfGemmParams {
     a: u64,
@@ -235,6 +245,11 @@ pub(super) struct PrefillScratch {
     /// Which GEMMs run as `pf_gemm_w` (64 x 256 block tiles, ldmatrix fragments, cp.async
     /// copies) instead of `pf_gemm` (64 x 128), bit-identical outputs: [`WideGemm`].
     gemm_wide: WideGemm,
+    /// With `HAYAI_PREFILL_INT4_DEQUANT=1` (a measurement's setting until it has run on a GPU):
+    /// bf16 rows for the int4 weights of a GEMM the wide kernel would take in bf16, dequantized
+    /// once a GEMM by `pf_dequant`, and the elements they hold (the layers' largest int4
+    /// matrix; a larger one, lm_head, keeps `pf_gemm`).
+    dequant: Option<(DevBuf, usize)>,
     /// The attention's warp groups per layer ([`attn_groups`]; at most 1 with
     /// `HAYAI_PREFILL_ATTN_GROUPS=1`, a measurement's setting).
     attn_groups: Vec<usize>,
@@ -339,6 +354,25 @@ impl CudaRunner {
             self.gpu
                 .set_max_dynamic_smem("pf_gemm_w", gemm_w_smem(true))?;
         }
+        let int4_elems = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gateup, &l.down])
+            .chain(self.layers.iter().filter_map(|l| l.ple_gate.as_ref()))
+            .chain(self.layers.iter().filter_map(|l| l.ple_proj.as_ref()))
+            .chain(self.ple_model.as_ref())
+            .filter(|m| m.int4)
+            .map(|m| m.rows * m.cols)
+            .max()
+            .unwrap_or(0);
+        let dequant = if gemm_wide != WideGemm::Never
+            && int4_elems > 0
+            && super::stream::env_i32("HAYAI_PREFILL_INT4_DEQUANT") == Some(1)
+        {
+            Some((self.gpu.alloc(int4_elems * 2)?, int4_elems))
+        } else {
+            None
+        };
         Ok(PrefillScratch {
             chunk,
             max_chunk,
@@ -356,6 +390,7 @@ impl CudaRunner {
             q: self.gpu.alloc(rows * max_q * 4)?,
             parts_all: super::stream::env_i32("HAYAI_PREFILL_PARTS_ALL") != Some(0),
             gemm_wide,
+            dequant,
             ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
                 .filter(|&n| n >= 1)
                 .map(|n| n as usize),
@@ -470,7 +505,7 @@ impl CudaRunner {
         softcap: f32,
         parts: usize,
     ) -> Result<(), CudaError> {
-        let p = PfGemmParams {
+        let mut p = PfGemmParams {
             a,
             a_lo,
             w: m.w,
@@ -484,13 +519,34 @@ impl CudaRunner {
             softcap,
         };
         let m_tiles = n_tok.div_ceil(64);
-        let wide = self.prefill.as_ref().is_some_and(|pf| {
-            pf.gemm_wide.takes(
-                m.int4,
-                m.rows.div_ceil(256) * m_tiles * parts,
-                self.gpu.sm_count.max(1) as usize,
-            )
+        let sms = self.gpu.sm_count.max(1) as usize;
+        let wide_blocks = m.rows.div_ceil(256) * m_tiles * parts;
+        let pf = self.prefill.as_ref();
+        // int4 weights as bf16 rows where the wide kernel would take bf16 ones and they fit the
+        // buffer: the values pf_gemm's int4 tiles hold, so the same sums.
+        let dequant = pf.and_then(|pf| {
+            pf.dequant.as_ref().filter(|(_, cap)| {
+                m.int4 && m.rows * m.cols <= *cap && pf.gemm_wide.takes(false, wide_blocks, sms)
+            })
         });
+        if let Some((d, _)) = dequant {
+            let dp = PfDequantParams {
+                w: m.w,
+                scales: m.scales,
+                out: d.ptr(),
+                n: m.rows as i32,
+                k: m.cols as i32,
+            };
+            let words = m.rows * m.cols / 8;
+            let blocks = words.div_ceil(256) as u32;
+            self.gpu
+                .launch(self.gpu.func("pf_dequant"), (blocks, 1, 1), 256, 0, &dp)?;
+            p.w = d.ptr();
+            p.scales = 0;
+            p.int4 = 0;
+        }
+        let wide =
+            dequant.is_some() || pf.is_some_and(|pf| pf.gemm_wide.takes(m.int4, wide_blocks, sms));
         let (kernel, cols, smem) = if wide {
             ("pf_gemm_w", 256, gemm_w_smem(a_lo != 0))
         } else {
@@ -848,5 +904,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<PfQkvParams>(), 96);
         assert_eq!(std::mem::size_of::<PfAttnParams>(), 80);
         assert_eq!(std::mem::size_of::<PfGemmParams>(), 64);
+        assert_eq!(std::mem::size_of::<PfDequantParams>(), 32);
     }
 }
