@@ -408,6 +408,27 @@ __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int e, float s) {
     return f32_to_bf16_bits(a) | ((uint32_t)f32_to_bf16_bits(b) << 16);
 }
 
+// A warp's 32 x (8 NI) output tile in the mma accumulator layout (row0, col0: the lane's first
+// row and column), softcapped where asked.
+template <int NI>
+__device__ __forceinline__ void pf_gemm_store(const PfGemmParams& p, float* c, const float (&acc)[2][NI][4], int row0,
+                                              int col0) {
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int row = row0 + mi * 16 + (r >> 1) * 8;
+                const int col = col0 + ni * 8 + (r & 1);
+                if (row < p.m && col < p.n) {
+                    float v = acc[mi][ni][r];
+                    if (p.softcap > 0.f) v = p.softcap * tanhf(v / p.softcap);
+                    c[(size_t)row * p.ldc + col] = v;
+                }
+            }
+}
+
 extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) {
     __shared__ __align__(16) uint16_t As[2][PFG_BM * PFG_LDS];
     __shared__ __align__(16) uint16_t Al[2][PFG_BM * PFG_LDS];  // precise mode only
@@ -517,20 +538,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
         __syncthreads();
     }
 
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int row = m0 + wm + mi * 16 + gq + (r >> 1) * 8;
-                const int col = n0 + wn + ni * 8 + 2 * cq + (r & 1);
-                if (row < p.m && col < p.n) {
-                    float v = acc[mi][ni][r];
-                    if (p.softcap > 0.f) v = p.softcap * tanhf(v / p.softcap);
-                    c[(size_t)row * p.ldc + col] = v;
-                }
-            }
+    pf_gemm_store<4>(p, c, acc, m0 + wm + gq, n0 + wn + 2 * cq);
 }
 
 // ---- int4 weights to bf16 rows ------------------------------------------------------------------
@@ -691,18 +699,5 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_gemm_w(const PfGemmParam
         __syncthreads();
     }
 
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int row = m0 + wm + mi * 16 + gq + (r >> 1) * 8;
-                const int col = n0 + wn + ni * 8 + 2 * cq + (r & 1);
-                if (row < p.m && col < p.n) {
-                    float v = acc[mi][ni][r];
-                    if (p.softcap > 0.f) v = p.softcap * tanhf(v / p.softcap);
-                    c[(size_t)row * p.ldc + col] = v;
-                }
-            }
+    pf_gemm_store<8>(p, c, acc, m0 + wm + gq, n0 + wn + 2 * cq);
 }
