@@ -376,7 +376,9 @@ run() {
     env ${NCU_ENV:-} timeout 120 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT:-163}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill.csv" \
       .gpu/hayai bench-engine --model synth:gemma3-270m --device cuda --quant bf16 --prompt-len 272 --gen 4 > /dev/null 2>&1
     python3 scripts/ncu_kernel_times.py "$out/ncu-prefill.csv" | tee -a "$out/session.log"
-    # E4B's chunk: 13 launches a layer x 42 + 3 before the first (549).
+    # E4B's chunk: 13 launches a layer x 42 + 3 before the first (549); with
+    # NCU_ENV=HAYAI_PREFILL_INT4_DEQUANT=1 a pf_dequant before QKV, O, gate/up, down and the PLE
+    # model projection: 17 x 42 + 4 (718).
     env ${NCU_ENV:-} timeout 150 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT_E4B:-549}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill-e4b.csv" \
       .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 272 --gen 4 > /dev/null 2>&1
     python3 scripts/ncu_kernel_times.py "$out/ncu-prefill-e4b.csv" | tee -a "$out/session.log"
