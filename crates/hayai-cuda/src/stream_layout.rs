@@ -13,6 +13,7 @@
 //! reads through those shares.
 
 use crate::quant::{Int4Matrix, GROUP};
+use rayon::prelude::*;
 
 /// Rows per cell (one `mma` tile).
 pub const CELL_ROWS: usize = 16;
@@ -294,22 +295,52 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
         }
         plans.push(plan);
     }
+    // Each SM's cells in order, then the SMs' streams encoded in parallel (each its own slice,
+    // padded to whole ALIGN_CELLS; encoding E4B's int4 streams cell by cell on one core took
+    // seconds a load).
     let cell = format.bytes();
-    let mut bytes = Vec::new();
+    let orders: Vec<Vec<(usize, usize, usize)>> = (0..n_sm)
+        .into_par_iter()
+        .map(|s| {
+            plans
+                .iter()
+                .enumerate()
+                .flat_map(|(o, plan)| {
+                    sm_order(plan, n_sm, warps, s)
+                        .into_iter()
+                        .map(move |(tile, group)| (o, tile, group))
+                })
+                .collect()
+        })
+        .collect();
     let mut sm_base = Vec::with_capacity(n_sm + 1);
-    for s in 0..n_sm {
-        sm_base.push(bytes.len() / cell);
-        for (op, plan) in ops.iter().zip(&plans) {
-            for (tile, group) in sm_order(plan, n_sm, warps, s) {
-                let at = bytes.len();
-                bytes.resize(at + cell, 0);
-                encode_cell(&op.weights, tile, group, &mut bytes[at..]);
-            }
-        }
-        let pad = (bytes.len() / cell).next_multiple_of(ALIGN_CELLS) * cell;
-        bytes.resize(pad, 0);
+    let mut total = 0;
+    for o in &orders {
+        sm_base.push(total);
+        total += o.len().next_multiple_of(ALIGN_CELLS);
     }
-    sm_base.push(bytes.len() / cell);
+    sm_base.push(total);
+    let mut bytes = vec![0u8; total * cell];
+    let mut slices = Vec::with_capacity(n_sm);
+    let mut rest = &mut bytes[..];
+    for o in &orders {
+        let (mine, tail) = rest.split_at_mut(o.len().next_multiple_of(ALIGN_CELLS) * cell);
+        slices.push(mine);
+        rest = tail;
+    }
+    slices
+        .into_par_iter()
+        .zip(&orders)
+        .for_each(|(out, order)| {
+            for (c, &(o, tile, group)) in order.iter().enumerate() {
+                encode_cell(
+                    &ops[o].weights,
+                    tile,
+                    group,
+                    &mut out[c * cell..(c + 1) * cell],
+                );
+            }
+        });
     Ok(Streams {
         format,
         n_sm,
@@ -765,6 +796,32 @@ mod tests {
     /// worked out once, give the same cells in the same order as the round formula `walk`
     /// checks against the layout (the kernel's `ss_gemv` steps so for kw = 1; every kw was
     /// measured slower with the dp4a cells, docs/decisions.md).
+    /// The parallel build lays out the bytes of the cell-by-cell loop it replaced: every SM's
+    /// cells in order, each SM padded to whole `ALIGN_CELLS`.
+    #[test]
+    fn parallel_build_matches_cell_by_cell_encoding() {
+        let mats = int4_mats(3);
+        let ops = int4_ops(&mats);
+        for (n_sm, warps) in [(7, 4), (13, 12)] {
+            let st = build(&ops, n_sm, warps).unwrap();
+            let cell = st.format.bytes();
+            let mut bytes = Vec::new();
+            for s in 0..n_sm {
+                assert_eq!(st.sm_base[s], bytes.len() / cell);
+                for (op, plan) in ops.iter().zip(&st.ops) {
+                    for (tile, group) in sm_order(plan, n_sm, warps, s) {
+                        let at = bytes.len();
+                        bytes.resize(at + cell, 0);
+                        encode_cell(&op.weights, tile, group, &mut bytes[at..]);
+                    }
+                }
+                bytes.resize((bytes.len() / cell).next_multiple_of(ALIGN_CELLS) * cell, 0);
+            }
+            assert_eq!(st.sm_base[n_sm], bytes.len() / cell);
+            assert!(st.bytes == bytes, "{n_sm} SMs");
+        }
+    }
+
     #[test]
     fn stepped_cell_positions_match_the_round_formula() {
         for warps in [4, 8, 11, 12] {
