@@ -38,7 +38,7 @@
 #         ~1 min); LINK_ARGS: extra arguments (e.g.
 #         "--stagger-only --cyc 900");
 #         prefill-ab: the batched prefill's forms (the wide GEMM, int4 dequantized to bf16
-#         rows for it, QKV and the PLE gate in one K part) by bench-engine's prefill ms at 272 tokens (bf16 both models, int4 E4B),
+#         rows for it, every GEMM in one K part) by bench-engine's prefill ms at 272 tokens (bf16 both models, int4 E4B),
 #         and Nsight Compute's per-kernel times of one chunk (NCU_ENV: a setting; NCU_COUNT launches: 163 the one-chunk form of the 270M; NCU_COUNT_E4B: 549,
 #         E4B's int4; carry .gpu/hayai.gz, and .gpu/gpu-tests.gz for the parity runs first;
 #         ~7 min);
@@ -359,7 +359,7 @@ run() {
     fi
     local mq vs
     for mq in synth:gemma3-270m/bf16 synth:e4b/bf16 synth:e4b/int4; do
-      vs=("" HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_PARTS_ALL=0 "" HAYAI_PREFILL_GEMM_WIDE=1)
+      vs=("" HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_KSPLIT=1 "" HAYAI_PREFILL_GEMM_WIDE=1)
       [ "${mq#*/}" = int4 ] && vs=("" HAYAI_PREFILL_INT4_DEQUANT=1 HAYAI_PREFILL_GEMM_WIDE=1 "" HAYAI_PREFILL_INT4_DEQUANT=1)
       for v in "${vs[@]}"; do
         echo "-- $mq ${v:-(defaults)}" | tee -a "$out/session.log"

@@ -490,13 +490,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_gemm(const PfGemmParams p) 
         }
     };
 
-    float acc[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+    float acc[2][4][4] = {};
 
     // This block's part of K (the host keeps K's tiles a multiple of the parts).
     const int per = p.k / PFG_BK / gridDim.z, kt0 = blockIdx.z * per, kt_end = kt0 + per;
@@ -639,13 +633,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_gemm_w(const PfGemmParam
         }
     };
 
-    float acc[2][8][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+    float acc[2][8][4] = {};
 
     // Fragment addresses (ldmatrix: lanes 8 j .. 8 j + 7 give matrix j's rows). A: matrices
     // (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15), the mma's a0..a3. W: (n 0-7,

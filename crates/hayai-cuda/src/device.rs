@@ -259,24 +259,22 @@ impl Gpu {
             .saturating_sub(static_bytes.max(0) as usize))
     }
 
+    fn attribute(&self, a: sys::CUdevice_attribute) -> Result<usize, CudaError> {
+        Ok(self.ctx.attribute(a).map_err(drv)? as usize)
+    }
+
     /// Shared memory an SM holds for all its resident blocks (each block also takes 1 KB of it
     /// for the system).
     pub fn max_smem_per_sm(&self) -> Result<usize, CudaError> {
-        Ok(self
-            .ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-            )
-            .map_err(drv)? as usize)
+        self.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )
     }
 
     pub fn max_smem_optin(&self) -> Result<usize, CudaError> {
-        Ok(self
-            .ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .map_err(drv)? as usize)
+        self.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {

@@ -239,9 +239,6 @@ pub(super) struct PrefillScratch {
     /// A measurement's setting of the GEMMs' K parts (`HAYAI_PREFILL_KSPLIT`: a positive
     /// integer; 1 keeps every GEMM in one part).
     ksplit_env: Option<usize>,
-    /// QKV and the PLE gate cut along K too, as O, down and the PLE projection are (on by
-    /// default; `HAYAI_PREFILL_PARTS_ALL=0` keeps them in one part, a measurement's setting).
-    parts_all: bool,
     /// Which GEMMs run as `pf_gemm_w` (64 x 256 block tiles, ldmatrix fragments, cp.async
     /// copies) instead of `pf_gemm` (64 x 128), bit-identical outputs: [`WideGemm`].
     gemm_wide: WideGemm,
@@ -278,6 +275,17 @@ fn attn_groups(hd: usize, optin: usize, cap: usize) -> usize {
 }
 
 impl CudaRunner {
+    /// The matrices the prefill's GEMMs take (lm_head aside): every layer's QKV, O, gate/up,
+    /// down and per-layer-embedding gate and projection, and the PLE model projection.
+    fn prefill_mats(&self) -> impl Iterator<Item = &DevMat> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gateup, &l.down])
+            .chain(self.layers.iter().filter_map(|l| l.ple_gate.as_ref()))
+            .chain(self.layers.iter().filter_map(|l| l.ple_proj.as_ref()))
+            .chain(self.ple_model.as_ref())
+    }
+
     pub(super) fn alloc_prefill(&self, precise: bool) -> Result<PrefillScratch, CudaError> {
         let spec = &self.model.spec;
         let chunk = PREFILL_CHUNK.min(self.info.max_context).max(1);
@@ -302,23 +310,7 @@ impl CudaRunner {
         let max_hd = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
         let ple_w = spec.ple.as_ref().map_or(0, |p| p.dim * spec.n_layers());
         let ple_d = spec.ple.as_ref().map_or(0, |p| p.dim);
-        let max_rows = self
-            .layers
-            .iter()
-            .flat_map(|l| [l.qkv.rows, l.o.rows, l.gateup.rows, l.down.rows])
-            .chain(self.ple_model.as_ref().map(|m| m.rows))
-            .chain(
-                self.layers
-                    .iter()
-                    .filter_map(|l| l.ple_gate.as_ref().map(|m| m.rows)),
-            )
-            .chain(
-                self.layers
-                    .iter()
-                    .filter_map(|l| l.ple_proj.as_ref().map(|m| m.rows)),
-            )
-            .max()
-            .unwrap_or(0);
+        let max_rows = self.prefill_mats().map(|m| m.rows).max().unwrap_or(0);
         let xb_w = h.max(max_q).max(max_im).max(ple_d);
         let optin = self.gpu.max_smem_optin()?;
         let attn_groups_cap = match super::stream::env_i32("HAYAI_PREFILL_ATTN_GROUPS") {
@@ -355,12 +347,7 @@ impl CudaRunner {
                 .set_max_dynamic_smem("pf_gemm_w", gemm_w_smem(true))?;
         }
         let int4_elems = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.qkv, &l.o, &l.gateup, &l.down])
-            .chain(self.layers.iter().filter_map(|l| l.ple_gate.as_ref()))
-            .chain(self.layers.iter().filter_map(|l| l.ple_proj.as_ref()))
-            .chain(self.ple_model.as_ref())
+            .prefill_mats()
             .filter(|m| m.int4)
             .map(|m| m.rows * m.cols)
             .max()
@@ -388,7 +375,6 @@ impl CudaRunner {
             y: self.gpu.alloc(rows * max_rows * 4)?,
             y_cols: max_rows,
             q: self.gpu.alloc(rows * max_q * 4)?,
-            parts_all: super::stream::env_i32("HAYAI_PREFILL_PARTS_ALL") != Some(0),
             gemm_wide,
             dequant,
             ksplit_env: super::stream::env_i32("HAYAI_PREFILL_KSPLIT")
@@ -478,22 +464,6 @@ impl CudaRunner {
         );
         self.gemm_in_parts(a, m, c, n_tok, 0.0, parts)?;
         Ok(parts as i32)
-    }
-
-    /// [`Self::gemm_summed`] where `cut`, else one part.
-    fn gemm_summed_if(
-        &self,
-        cut: bool,
-        a: (u64, u64),
-        m: &DevMat,
-        c: u64,
-        n_tok: usize,
-    ) -> Result<i32, CudaError> {
-        if cut {
-            self.gemm_summed(a, m, c, n_tok)
-        } else {
-            self.gemm(a, m, c, n_tok, 0.0).map(|()| 1)
-        }
     }
 
     fn gemm_in_parts(
@@ -663,9 +633,9 @@ impl CudaRunner {
                     ..Default::default()
                 },
             )?;
-            // QKV may be cut along K too (its 80-120 blocks on E4B leave SMs idle), the parts
-            // summed by pf_qkv.
-            let qkv_parts = self.gemm_summed_if(pf.parts_all, a, &dl.qkv, y, n)?;
+            // QKV cut along K too (its 80-120 blocks on E4B leave SMs idle), the parts summed
+            // by pf_qkv.
+            let qkv_parts = self.gemm_summed(a, &dl.qkv, y, n)?;
 
             let src = &self.layers[ls.kv_source];
             let (kc, vc) = self.kv_caches(i, ls.kv_source)?;
@@ -764,9 +734,9 @@ impl CudaRunner {
                             ..Default::default()
                         },
                     )?;
-                    // The gate (256 rows: two output tiles a row tile; 10 blocks on E4B) may be
-                    // cut along K too, its parts summed by the activation.
-                    let gate_parts = self.gemm_summed_if(pf.parts_all, a, pg, y, n)?;
+                    // The gate (256 rows: two output tiles a row tile; 10 blocks on E4B) cut
+                    // along K too, its parts summed by the activation.
+                    let gate_parts = self.gemm_summed(a, pg, y, n)?;
                     self.act(
                         n,
                         PfActParams {
