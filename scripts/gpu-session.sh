@@ -39,7 +39,7 @@
 #         "--stagger-only --cyc 900");
 #         prefill-ab: the batched prefill's forms (the wide GEMM, int4 dequantized to bf16
 #         rows for it, every GEMM in one K part) by bench-engine's prefill ms at 272 tokens (bf16 both models, int4 E4B),
-#         and Nsight Compute's per-kernel times of one chunk (NCU_ENV: a setting; NCU_COUNT launches: 163 the one-chunk form of the 270M; NCU_COUNT_E4B: 549,
+#         and Nsight Compute's per-kernel times of one chunk (NCU_ENV: a setting; NCU_COUNT launches: 163 the one-chunk form of the 270M; NCU_COUNT_E4B: 718,
 #         E4B's int4; carry .gpu/hayai.gz, and .gpu/gpu-tests.gz for the parity runs first;
 #         ~7 min);
 #         profile-stream: Nsight Compute's stall samples per SASS line for one streamed step
@@ -352,7 +352,7 @@ run() {
     # The forms not yet the default checked first (carry .gpu/gpu-tests.gz too).
     if [ -x .gpu/gpu-tests ]; then
       timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 prefill_gemm_wide_is_bit_identical 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
-      for v in HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_INT4_DEQUANT=1; do
+      for v in HAYAI_PREFILL_GEMM_WIDE=1 "HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_INT4_DEQUANT=0"; do
         echo "-- parity with $v" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/gpu-tests --include-ignored --test-threads 1 batched_prefill_matches_cpu --exact 2>&1 | grep -E "^test |test result" | tee -a "$out/session.log"
       done
@@ -360,7 +360,7 @@ run() {
     local mq vs
     for mq in synth:gemma3-270m/bf16 synth:e4b/bf16 synth:e4b/int4; do
       vs=("" HAYAI_PREFILL_GEMM_WIDE=1 HAYAI_PREFILL_KSPLIT=1 "" HAYAI_PREFILL_GEMM_WIDE=1)
-      [ "${mq#*/}" = int4 ] && vs=("" HAYAI_PREFILL_INT4_DEQUANT=1 HAYAI_PREFILL_GEMM_WIDE=1 "" HAYAI_PREFILL_INT4_DEQUANT=1)
+      [ "${mq#*/}" = int4 ] && vs=("" HAYAI_PREFILL_INT4_DEQUANT=0 HAYAI_PREFILL_GEMM_WIDE=0 "" HAYAI_PREFILL_INT4_DEQUANT=0)
       for v in "${vs[@]}"; do
         echo "-- $mq ${v:-(defaults)}" | tee -a "$out/session.log"
         env $v timeout 120 .gpu/hayai bench-engine --model "${mq%/*}" --device cuda --quant "${mq#*/}" --prompt-len 272 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
@@ -368,7 +368,7 @@ run() {
     done
     # int4 at 2,048 tokens: the dequantized rows cost once a GEMM, the in-tile dequantization
     # once a 64-row tile.
-    for v in "" HAYAI_PREFILL_INT4_DEQUANT=1; do
+    for v in "" HAYAI_PREFILL_INT4_DEQUANT=0; do
       echo "-- synth:e4b/int4 2048 ${v:-(defaults)}" | tee -a "$out/session.log"
       env $v timeout 120 .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 2048 --gen 16 2>&1 | grep -E "^prefill" | tee -a "$out/session.log"
     done
@@ -376,10 +376,10 @@ run() {
     env ${NCU_ENV:-} timeout 120 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT:-163}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill.csv" \
       .gpu/hayai bench-engine --model synth:gemma3-270m --device cuda --quant bf16 --prompt-len 272 --gen 4 > /dev/null 2>&1
     python3 scripts/ncu_kernel_times.py "$out/ncu-prefill.csv" | tee -a "$out/session.log"
-    # E4B's chunk: 13 launches a layer x 42 + 3 before the first (549); with
-    # NCU_ENV=HAYAI_PREFILL_INT4_DEQUANT=1 a pf_dequant before QKV, O, gate/up, down and the PLE
-    # model projection: 17 x 42 + 4 (718).
-    env ${NCU_ENV:-} timeout 150 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT_E4B:-549}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill-e4b.csv" \
+    # E4B's chunk: 13 launches a layer x 42 + 3 before the first, and a pf_dequant before QKV,
+    # O, gate/up, down and the PLE model projection: 17 x 42 + 4 (718; 549 with
+    # NCU_ENV=HAYAI_PREFILL_INT4_DEQUANT=0).
+    env ${NCU_ENV:-} timeout 150 ncu --clock-control none -k regex:pf_ -c "${NCU_COUNT_E4B:-718}" --metrics gpu__time_duration.sum --csv --log-file "$out/ncu-prefill-e4b.csv" \
       .gpu/hayai bench-engine --model synth:e4b --device cuda --quant int4 --prompt-len 272 --gen 4 > /dev/null 2>&1
     python3 scripts/ncu_kernel_times.py "$out/ncu-prefill-e4b.csv" | tee -a "$out/session.log"
   fi

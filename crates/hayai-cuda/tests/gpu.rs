@@ -175,11 +175,12 @@ fn batched_prefill_matches_cpu() {
 }
 
 /// On a GPU: the wide prefill GEMM (`HAYAI_PREFILL_GEMM_WIDE=1`, `pf_gemm_w`: 64 x 256 block
-/// tiles, ldmatrix fragments, cp.async copies) multiplies the same products in the same order
-/// as `pf_gemm`: every prompt row's logits bit-identical, both architectures, both
-/// quantizations, the default and the precise mode; so does it on int4 weights dequantized to
-/// bf16 rows first (`HAYAI_PREFILL_INT4_DEQUANT=1`, `pf_dequant`). (It sets the variable for its own runners;
-/// the GPU tests run one at a time.)
+/// tiles, ldmatrix fragments, cp.async copies; int4 weights dequantized to bf16 rows first by
+/// `pf_dequant`) multiplies the same products in the same order as `pf_gemm`
+/// (`HAYAI_PREFILL_GEMM_WIDE=0`): every prompt row's logits bit-identical, both architectures,
+/// both quantizations, the default and the precise mode; so does the wide GEMM with int4
+/// weights dequantized in its own tiles (`HAYAI_PREFILL_INT4_DEQUANT=0`). (It sets the
+/// variables for its own runners; the GPU tests run one at a time.)
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prefill_gemm_wide_is_bit_identical() {
@@ -195,20 +196,20 @@ fn prefill_gemm_wide_is_bit_identical() {
                     precise_prefill: precise,
                     ..opts(q, false)
                 };
-                std::env::remove_var(VAR);
                 std::env::remove_var(DEQUANT);
-                let narrow = hayai_cuda::check::prefill_logits(&m, &o, &p).unwrap();
+                std::env::set_var(VAR, "0");
+                let narrow = hayai_cuda::check::prefill_logits(&m, &o, &p);
                 std::env::set_var(VAR, "1");
                 let wide = hayai_cuda::check::prefill_logits(&m, &o, &p);
-                // int4: the weights dequantized to bf16 rows first, then the wide kernel.
-                std::env::set_var(DEQUANT, "1");
-                let dequant = hayai_cuda::check::prefill_logits(&m, &o, &p);
+                std::env::set_var(DEQUANT, "0");
+                let in_tile = hayai_cuda::check::prefill_logits(&m, &o, &p);
                 std::env::remove_var(VAR);
                 std::env::remove_var(DEQUANT);
+                let narrow = narrow.unwrap();
                 assert!(narrow == wide.unwrap(), "{arch:?} {q:?} precise={precise}");
                 assert!(
-                    narrow == dequant.unwrap(),
-                    "dequantized {arch:?} {q:?} precise={precise}"
+                    narrow == in_tile.unwrap(),
+                    "int4 in the wide tiles {arch:?} {q:?} precise={precise}"
                 );
             }
         }

@@ -48,14 +48,14 @@ fn gemm_parts(
     s
 }
 
-/// Where the wide GEMM (`pf_gemm_w`) runs instead of `pf_gemm`. Measured on the H200 (E4B
-/// shapes, 272 tokens): bf16 weights 32.0 -> 27.2 ms a prefill all wide, but int4 33.9 -> 39.6
-/// (its dequantizing loads, a row a thread, against two threads a row in `pf_gemm`) and the
-/// 270M's shapes 3.5 -> 3.7 (60-80 blocks of 256 columns leave SMs idle). So by default
-/// (`Filling`): bf16 weights whose wide blocks fill the SMs, where two blocks fit an SM's shared
-/// memory as on the H200 (an A10G's 100 KB holds one: unmeasured there, so `Never`).
-/// `HAYAI_PREFILL_GEMM_WIDE=0|1`: never or always (measurements; always only where a block
-/// fits at all).
+/// Where the wide GEMM (`pf_gemm_w`) runs instead of `pf_gemm`. Measured on
+/// the H200 (E4B shapes, 272 tokens): bf16 weights 32.0 -> 27.2 ms a prefill all wide; int4
+/// weights dequantized to bf16 rows first (`pf_dequant`, once a GEMM) 34.1 -> 28.3 (2,048
+/// tokens: 218.4 -> 200.7); the 270M's shapes 3.5 -> 3.7 (60-80 blocks of 256 columns leave SMs
+/// idle). So by default (`Filling`): GEMMs whose wide blocks fill the SMs, where two blocks fit
+/// an SM's shared memory as on the H200 (an A10G's 100 KB holds one: unmeasured there, so
+/// `Never`). `HAYAI_PREFILL_GEMM_WIDE=0|1`: never or always (measurements; always only where a
+/// block fits at all, int4 weights in the kernel's own tiles where they are not dequantized).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WideGemm {
     Never,
@@ -78,10 +78,12 @@ impl WideGemm {
         }
     }
 
-    fn takes(self, int4: bool, blocks: usize, sms: usize) -> bool {
+    /// Whether a GEMM of `blocks` wide blocks takes the wide kernel (an int4 one by default
+    /// only with its rows dequantized first).
+    fn takes(self, blocks: usize, sms: usize) -> bool {
         match self {
             WideGemm::Never => false,
-            WideGemm::Filling => !int4 && blocks >= sms,
+            WideGemm::Filling => blocks >= sms,
             WideGemm::Always => true,
         }
     }
@@ -242,8 +244,8 @@ pub(super) struct PrefillScratch {
     /// Which GEMMs run as `pf_gemm_w` (64 x 256 block tiles, ldmatrix fragments, cp.async
     /// copies) instead of `pf_gemm` (64 x 128), bit-identical outputs: [`WideGemm`].
     gemm_wide: WideGemm,
-    /// With `HAYAI_PREFILL_INT4_DEQUANT=1` (a measurement's setting until it has run on a GPU):
-    /// bf16 rows for the int4 weights of a GEMM the wide kernel would take in bf16, dequantized
+    /// Wherever the wide GEMM runs (off with `HAYAI_PREFILL_INT4_DEQUANT=0`, a measurement's
+    /// setting): bf16 rows for the int4 weights of a GEMM the wide kernel takes, dequantized
     /// once a GEMM by `pf_dequant`, and the elements they hold (the layers' largest int4
     /// matrix; a larger one, lm_head, keeps `pf_gemm`).
     dequant: Option<(DevBuf, usize)>,
@@ -354,7 +356,7 @@ impl CudaRunner {
             .unwrap_or(0);
         let dequant = if gemm_wide != WideGemm::Never
             && int4_elems > 0
-            && super::stream::env_i32("HAYAI_PREFILL_INT4_DEQUANT") == Some(1)
+            && super::stream::env_i32("HAYAI_PREFILL_INT4_DEQUANT") != Some(0)
         {
             Some((self.gpu.alloc(int4_elems * 2)?, int4_elems))
         } else {
@@ -492,12 +494,13 @@ impl CudaRunner {
         let sms = self.gpu.sm_count.max(1) as usize;
         let wide_blocks = m.rows.div_ceil(256) * m_tiles * parts;
         let pf = self.prefill.as_ref();
-        // int4 weights as bf16 rows where the wide kernel would take bf16 ones and they fit the
-        // buffer: the values pf_gemm's int4 tiles hold, so the same sums.
+        let takes_wide = pf.is_some_and(|pf| pf.gemm_wide.takes(wide_blocks, sms));
+        // int4 weights as bf16 rows for the wide kernel where they fit the buffer: the values
+        // pf_gemm's int4 tiles hold, so the same sums.
         let dequant = pf.and_then(|pf| {
-            pf.dequant.as_ref().filter(|(_, cap)| {
-                m.int4 && m.rows * m.cols <= *cap && pf.gemm_wide.takes(false, wide_blocks, sms)
-            })
+            pf.dequant
+                .as_ref()
+                .filter(|(_, cap)| takes_wide && m.int4 && m.rows * m.cols <= *cap)
         });
         if let Some((d, _)) = dequant {
             let dp = PfDequantParams {
@@ -515,8 +518,11 @@ impl CudaRunner {
             p.scales = 0;
             p.int4 = 0;
         }
-        let wide =
-            dequant.is_some() || pf.is_some_and(|pf| pf.gemm_wide.takes(m.int4, wide_blocks, sms));
+        // int4 weights in the wide kernel's own tiles only when asked (`Always`).
+        let wide = takes_wide
+            && (!m.int4
+                || dequant.is_some()
+                || pf.is_some_and(|pf| pf.gemm_wide == WideGemm::Always));
         let (kernel, cols, smem) = if wide {
             ("pf_gemm_w", 256, gemm_w_smem(a_lo != 0))
         } else {
@@ -824,17 +830,16 @@ mod tests {
     }
 
     #[test]
-    fn the_wide_gemm_takes_bf16_weights_whose_blocks_fill_the_sms() {
+    fn the_wide_gemm_takes_gemms_whose_blocks_fill_the_sms() {
         let f = WideGemm::Filling;
         // E4B, 272 tokens (5 row tiles), 132 SMs: gate/up (20,480 rows: 80 x 5 blocks) and
-        // O/down in four K parts (10 x 5 x 4) wide in bf16, never in int4.
-        assert!(f.takes(false, 80 * 5, 132));
-        assert!(f.takes(false, 10 * 5 * 4, 132));
-        assert!(!f.takes(true, 80 * 5, 132));
+        // O/down in four K parts (10 x 5 x 4) wide (int4 ones as dequantized rows).
+        assert!(f.takes(80 * 5, 132));
+        assert!(f.takes(10 * 5 * 4, 132));
         // The 270M's gate/up (4,096 rows: 16 x 5) and its PLE-less O/down (3 x 5 x 4): narrow.
-        assert!(!f.takes(false, 16 * 5, 132));
-        assert!(!f.takes(false, 3 * 5 * 4, 132));
-        assert!(WideGemm::Always.takes(true, 1, 132));
+        assert!(!f.takes(16 * 5, 132));
+        assert!(!f.takes(3 * 5 * 4, 132));
+        assert!(WideGemm::Always.takes(1, 132));
         // The H200 (227 KB a block, 228 an SM) by default; an A10G (99 / 100 KB: one block an
         // SM) only when asked; a GPU whose block cannot hold it never.
         assert_eq!(WideGemm::choose(None, 227 << 10, 228 << 10), f);
@@ -851,7 +856,7 @@ mod tests {
             WideGemm::choose(Some(1), 48 << 10, 64 << 10),
             WideGemm::Never
         );
-        assert!(!WideGemm::Never.takes(false, 1000, 132));
+        assert!(!WideGemm::Never.takes(1000, 132));
     }
 
     #[test]
