@@ -482,10 +482,13 @@ pub(super) fn env_i32(var: &str) -> Option<i32> {
 }
 
 /// The fewest keys a range of the streamed step's attention takes where the context allows
-/// (kernels/stream_step.cu `ssa_layout`, which caps it at a tile's rows). 1, 4 and 8 measured
-/// alike on E4B shapes (556.2-556.4 tok/s, H200, docs/performance.md, twenty-first session); 8
-/// keeps short contexts' merges small.
-pub(crate) const STREAM_ATTN_MIN_KEYS: i32 = 8;
+/// (kernels/stream_step.cu `ssa_layout`, which caps it at a tile's rows and the ranges at one
+/// item an SM). 1, 4 and 8 measured alike on E4B shapes in the twenty-first session; with the
+/// step as it is now, 2 against 8 (H200, 128 + 512 tokens, docs/performance.md, forty-fourth
+/// session): the 270M's shapes bf16 2,066.8-2,069.3 -> 2,132.3 tok/s (4: 2,122.9-2,126.4: its one
+/// KV head's 128-640 keys in up to 132 ranges instead of 16-80), E4B int4 558.8 -> 564.1, bf16
+/// +0.4% (4 keys).
+pub(crate) const STREAM_ATTN_MIN_KEYS: i32 = 2;
 
 /// Key rows per range the streamed step's attention is sized for at least.
 const STREAM_ATTN_MIN_ROWS: usize = 8;
