@@ -494,7 +494,8 @@ impl CudaRunner {
         let sms = self.gpu.sm_count.max(1) as usize;
         let wide_blocks = m.rows.div_ceil(256) * m_tiles * parts;
         let pf = self.prefill.as_ref();
-        let takes_wide = pf.is_some_and(|pf| pf.gemm_wide.takes(wide_blocks, sms));
+        let wide_form = pf.map_or(WideGemm::Never, |pf| pf.gemm_wide);
+        let takes_wide = wide_form.takes(wide_blocks, sms);
         // int4 weights as bf16 rows for the wide kernel where they fit the buffer: the values
         // pf_gemm's int4 tiles hold, so the same sums.
         let dequant = pf.and_then(|pf| {
@@ -519,10 +520,7 @@ impl CudaRunner {
             p.int4 = 0;
         }
         // int4 weights in the wide kernel's own tiles only when asked (`Always`).
-        let wide = takes_wide
-            && (!m.int4
-                || dequant.is_some()
-                || pf.is_some_and(|pf| pf.gemm_wide == WideGemm::Always));
+        let wide = takes_wide && (!m.int4 || dequant.is_some() || wide_form == WideGemm::Always);
         let (kernel, cols, smem) = if wide {
             ("pf_gemm_w", 256, gemm_w_smem(a_lo != 0))
         } else {
