@@ -127,6 +127,105 @@ impl Int4Matrix {
     }
 }
 
+/// Columns per int8 block ([`Int8Matrix`], GGML's Q8_0).
+pub const INT8_BLOCK: usize = 32;
+
+/// An int8 matrix with one f16 scale per 32 columns (GGML's Q8_0 blocks, row-major): the value
+/// at `(r, c)` is `q[r][c] * scale[r][c / 32]`, exact in f32 (an int8 times an f16 needs 18
+/// bits).
+#[derive(Clone, Debug)]
+pub struct Int8Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    /// `[rows][cols]`.
+    pub q: Vec<i8>,
+    /// f16 bits, `[rows][cols / 32]`.
+    pub scales: Vec<u16>,
+}
+
+impl Int8Matrix {
+    /// The exact values (`q * scale` in f32).
+    pub fn dequantize(&self) -> Matrix {
+        let blocks = self.cols / INT8_BLOCK;
+        let mut data = vec![0.0f32; self.rows * self.cols];
+        data.par_chunks_mut(self.cols)
+            .enumerate()
+            .for_each(|(r, out)| {
+                for (c, o) in out.iter_mut().enumerate() {
+                    let d = half::f16::from_bits(self.scales[r * blocks + c / INT8_BLOCK]).to_f32();
+                    *o = self.q[r * self.cols + c] as f32 * d;
+                }
+            });
+        Matrix::from_f32(self.rows, self.cols, data)
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        self.q.len() + self.scales.len() * 2
+    }
+}
+
+/// `m` as int8 blocks of 32 columns with f16 scales, if every value already is one exactly:
+/// each block's `q * d` with `d = max|v| / 127` an f16 and `|q| <= 127` (what a GGUF file's Q8_0
+/// tensor dequantizes to: its blocks' largest value is `+-127 d`). `None` where any block is not
+/// (a matrix from bf16 or f32 weights, or `cols % 32 != 0`): such a matrix has no exact int8 form.
+pub fn int8_exact(m: &Matrix) -> Option<Int8Matrix> {
+    if m.cols == 0 || m.cols % INT8_BLOCK != 0 {
+        return None;
+    }
+    let (rows, cols) = (m.rows, m.cols);
+    let blocks = cols / INT8_BLOCK;
+    let mut q = vec![0i8; rows * cols];
+    let mut scales = vec![0u16; rows * blocks];
+    let exact = q
+        .par_chunks_mut(cols)
+        .zip(scales.par_chunks_mut(blocks))
+        .enumerate()
+        .all(|(r, (qrow, srow))| {
+            let row = m.row(r);
+            row.chunks(INT8_BLOCK)
+                .zip(qrow.chunks_mut(INT8_BLOCK))
+                .zip(srow.iter_mut())
+                .all(|((v, qb), s)| int8_block(v, qb, s))
+        });
+    exact.then_some(Int8Matrix {
+        rows,
+        cols,
+        q,
+        scales,
+    })
+}
+
+/// One block of [`int8_exact`]: its q and f16 scale bits, false unless `v` is exactly `q * d`.
+fn int8_block(v: &[f32], q: &mut [i8], scale: &mut u16) -> bool {
+    let amax = v.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+    if amax == 0.0 {
+        q.fill(0);
+        *scale = 0;
+        return v.iter().all(|&x| x == 0.0);
+    }
+    let d = amax / 127.0;
+    let h = half::f16::from_f32(d);
+    if !amax.is_finite() || h.to_f32() != d {
+        return false;
+    }
+    *scale = h.to_bits();
+    v.iter().zip(q.iter_mut()).all(|(&x, qi)| {
+        let r = (x / d).round();
+        *qi = r as i8;
+        r.abs() <= 127.0 && r * d == x
+    })
+}
+
+/// The model as the bf16 GPU plan with an int8 output head sees it ([`round_model_bf16`], with
+/// the output projection untied from the embedding and kept at its exact values): `None` unless
+/// the head has an exact int8 form ([`int8_exact`]).
+pub fn round_model_bf16_int8_head(model: &Model) -> Option<Model> {
+    let head = int8_exact(model.weights.lm_head())?.dequantize();
+    let mut m = round_model_bf16(model);
+    m.weights.lm_head = Some(head);
+    Some(m)
+}
+
 /// bf16 bits of every value of `m` (round to nearest even).
 pub fn to_bf16_bits(m: &Matrix) -> Vec<u16> {
     match &m.data {
@@ -194,6 +293,66 @@ pub fn quantize_model_with(model: &Model, f: impl Fn(&Matrix) -> Matrix) -> Mode
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A matrix whose blocks are exact int8 x f16 (as a Q8_0 tensor dequantizes), from `seed`.
+    fn q8_matrix(rows: usize, cols: usize, seed: u64) -> (Vec<i8>, Vec<f32>, Matrix) {
+        let mut r = hayai_model::random::SplitMix::new(seed);
+        let blocks = cols / INT8_BLOCK;
+        let ds: Vec<f32> = (0..rows * blocks)
+            .map(|_| half::f16::from_f32(0.001 + 0.01 * r.uniform().abs()).to_f32())
+            .collect();
+        let mut q: Vec<i8> = (0..rows * cols)
+            .map(|_| (r.uniform() * 126.0).round() as i8)
+            .collect();
+        // Every block's largest |q| is 127, as Q8_0's rounding makes it.
+        for b in 0..rows * blocks {
+            q[b * INT8_BLOCK + (b % INT8_BLOCK)] = if b % 2 == 0 { 127 } else { -127 };
+        }
+        let v = (0..rows * cols)
+            .map(|i| q[i] as f32 * ds[(i / cols) * blocks + (i % cols) / INT8_BLOCK])
+            .collect();
+        (q, ds, Matrix::from_f32(rows, cols, v))
+    }
+
+    #[test]
+    fn int8_exact_recovers_q8_blocks_and_refuses_other_weights() {
+        let (q, ds, m) = q8_matrix(5, 96, 3);
+        let e = int8_exact(&m).expect("exact int8 blocks");
+        assert_eq!(e.q, q);
+        let d: Vec<f32> = e
+            .scales
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect();
+        assert_eq!(d, ds);
+        assert_eq!(e.dequantize().to_f32(), m.to_f32());
+        assert_eq!(e.n_bytes(), 5 * 96 + 5 * 3 * 2);
+        // A zero block is exact (scale 0).
+        let mut v = m.to_f32();
+        v[..32].fill(0.0);
+        let z = int8_exact(&Matrix::from_f32(5, 96, v.clone())).expect("zero block");
+        assert_eq!(z.scales[0], 0);
+        assert_eq!(z.dequantize().to_f32(), v);
+        // One value off the grid, random bf16 weights, a width that is no multiple of 32: none.
+        v[40] = v[40] * 1.000_001 + 1e-7;
+        assert!(int8_exact(&Matrix::from_f32(5, 96, v)).is_none());
+        assert!(int8_exact(&bf16_matrix(&rand_matrix(4, 64, 9))).is_none());
+        assert!(int8_exact(&Matrix::from_f32(1, 48, vec![0.0; 48])).is_none());
+    }
+
+    #[test]
+    fn the_int8_head_twin_unties_the_head_and_keeps_it_exact() {
+        let spec = hayai_model::random::tiny_spec(hayai_model::spec::Arch::Gemma3);
+        let mut model = hayai_model::random::random_model(&spec, 1);
+        assert!(round_model_bf16_int8_head(&model).is_none());
+        let (_, _, head) = q8_matrix(spec.vocab, spec.hidden, 5);
+        model.weights.embed = head.clone();
+        model.weights.lm_head = None;
+        let twin = round_model_bf16_int8_head(&model).expect("exact head");
+        assert_eq!(twin.weights.lm_head().to_f32(), head.to_f32());
+        // The embedding (a gather) is the bf16 one, as the GPU reads it.
+        assert_eq!(twin.weights.embed.to_f32(), bf16_matrix(&head).to_f32());
+    }
 
     fn rand_matrix(rows: usize, cols: usize, seed: u64) -> Matrix {
         let mut r = hayai_model::random::SplitMix::new(seed);

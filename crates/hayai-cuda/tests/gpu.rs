@@ -121,6 +121,18 @@ fn real_gemma3_270m_is_supported() {
     hayai_cuda::check_supported(&real_270m().spec).unwrap();
 }
 
+/// The real Gemma 3 270M's output head (its tied `token_embd`, Q8_0 in the file) has an exact
+/// int8 form: every block of 32 is `q * d` with an f16 `d` (no GPU needed).
+#[test]
+fn real_gemma3_270m_head_is_exact_int8() {
+    let m = real_270m();
+    let head = m.weights.lm_head();
+    let e = hayai_cuda::quant::int8_exact(head).expect("exact int8 blocks");
+    assert_eq!(e.dequantize().to_f32(), head.to_f32());
+    // 262,144 x 640: 178 MB as int8 with scales against 335 MB as bf16.
+    assert_eq!(e.n_bytes(), 262_144 * 640 + 262_144 * 20 * 2);
+}
+
 /// On a GPU: the real Gemma 3 270M's logits and 256 greedy tokens match the CPU reference.
 #[test]
 #[ignore = "needs a CUDA GPU"]
