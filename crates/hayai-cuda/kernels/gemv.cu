@@ -384,6 +384,31 @@ __device__ __forceinline__ float dot_chunk_bf16(uint4 w, const float4* xc) {
     return s0 + s1;
 }
 
+// int8 weights with an f16 scale per 32 columns (`gemv_q8`; GGML's Q8_0 blocks, row-major):
+// lane l of a row's quad takes columns 16 l .. 16 l + 15 of every 64-column unit, one 16-byte
+// load, half a block. Each byte becomes a float by one PRMT and one FADD: with u = q + 128 (the
+// XOR), 0x4B0000uu is 2^23 + u, so subtracting 2^23 + 128 gives q exactly.
+__device__ __forceinline__ float dot_chunk_int8(uint4 w, const float4* xc) {
+    const uint32_t ws[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
+    constexpr float OFS = 8388736.f;  // 2^23 + 128
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float4 b = xc[k];
+        s0 = fmaf(__uint_as_float(__byte_perm(ws[k], 0x4B000000u, 0x7540)) - OFS, b.x, s0);
+        s1 = fmaf(__uint_as_float(__byte_perm(ws[k], 0x4B000000u, 0x7541)) - OFS, b.y, s1);
+        s0 = fmaf(__uint_as_float(__byte_perm(ws[k], 0x4B000000u, 0x7542)) - OFS, b.z, s0);
+        s1 = fmaf(__uint_as_float(__byte_perm(ws[k], 0x4B000000u, 0x7543)) - OFS, b.w, s1);
+    }
+    return s0 + s1;
+}
+
+__device__ __forceinline__ float f16_to_f32(uint32_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
+
 #define GEMV_THREADS 256
 #define GEMV_ROWS_PER_BLOCK 64
 #define GEMV_UNROLL 4
@@ -394,10 +419,10 @@ __device__ __forceinline__ const uint4* gemv_wrow(const GemvParams& p, int row, 
 }
 
 // Requests units g0 .. g0 + U - 1 (those below u1) of one row: this lane's 16-byte chunk of each
-// and, for int4, the group scales. Both are constant, so this may run before pdl_wait. Scales
-// stay raw bf16 bits until they are used: converting here would make the thread wait for each
-// scale load in turn.
-template <int U>
+// and, for int4, the group scales (W8: the lane's block's f16 scale, two a unit from srow). Both
+// are constant, so this may run before pdl_wait. Scales stay raw bits until they are used:
+// converting here would make the thread wait for each scale load in turn.
+template <int U, bool W8 = false>
 __device__ __forceinline__ void gemv_load_batch(const GemvParams& p, const uint4* wrow,
                                                 const uint16_t* srow, int g0, int u1,
                                                 uint4 (&wv)[U], uint32_t (&sc)[U]) {
@@ -406,7 +431,10 @@ __device__ __forceinline__ void gemv_load_batch(const GemvParams& p, const uint4
         const int g = g0 + u;
         if (g < u1) {
             wv[u] = ld_stream(wrow + (size_t)g * 4);
-            sc[u] = p.int4 ? srow[g] : 0u;
+            if constexpr (W8)
+                sc[u] = srow[2 * g];
+            else
+                sc[u] = p.int4 ? srow[g] : 0u;
         }
     }
 }
@@ -414,7 +442,7 @@ __device__ __forceinline__ void gemv_load_batch(const GemvParams& p, const uint4
 // This lane's part of one row's dot product over units [u0, u1) with x in shared memory. `wv` and
 // `sc` come in holding the batch at u0 (requested by the caller before the prologue); each batch
 // is multiplied while the next one is in flight.
-template <int U, bool A8 = false>
+template <int U, bool A8 = false, bool W8 = false>
 __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* wrow,
                                               const uint16_t* srow, int u0, int u1, int l,
                                               const float* xs, uint4 (&wv)[U], uint32_t (&sc)[U]) {
@@ -431,11 +459,14 @@ __device__ __forceinline__ float gemv_row_dot(const GemvParams& p, const uint4* 
             cw[u] = wv[u];
             cs[u] = sc[u];
         }
-        gemv_load_batch<U>(p, wrow, srow, g + U, u1, wv, sc);
+        gemv_load_batch<U, W8>(p, wrow, srow, g + U, u1, wv, sc);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (g + u < u1) {
-                if (A8) {
+                if constexpr (W8) {
+                    acc = fmaf(dot_chunk_int8(cw[u], (const float4*)(xs + (g + u) * 64 + 16 * l)), f16_to_f32(cs[u]),
+                               acc);
+                } else if (A8) {
                     const int gg = g + u;
                     const int d = dot_group_a8(cw[u], (const uint4*)(x8 + gg * 32 + l * 8), xsum[gg * 4 + l]);
                     acc = fmaf((float)d, __uint_as_float(cs[u] << 16) * tq[gg], acc);
@@ -472,7 +503,7 @@ __device__ __forceinline__ void gemv_reduce_splits(const GemvParams& p, int r0, 
 
 // The tiled GEMV: one 64-row tile and one K split per block; U = 16-byte loads in flight per
 // lane (the per-lane order of additions is the same for every U, so results are too).
-template <int U, bool A8 = false>
+template <int U, bool A8 = false, bool W8 = false>
 __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     __shared__ float red[32];
     __shared__ int last;
@@ -485,14 +516,16 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     // Units are 128-column groups (int4) or 32-column chunks (bf16); each is one 16-byte load
     // per lane. The first batch of weights is requested before the prologue (and before the
     // wait for the previous kernel) so its memory latency overlaps that.
-    const int units = p.int4 ? (p.cols >> 7) : (p.cols >> 5);
+    // (W8: 64-column units, the lane's f16 scales at srow[2 g].)
+    const int units = W8 ? (p.cols >> 6) : p.int4 ? (p.cols >> 7) : (p.cols >> 5);
     const int per = (units + p.splits - 1) / p.splits;
     const int u0 = s * per, u1 = min(units, u0 + per);
-    const uint4* wrow = gemv_wrow(p, valid ? row : 0, l);
-    const uint16_t* srow = p.scales + (size_t)(valid ? row : 0) * (p.cols >> 7);
+    const int vr = valid ? row : 0;
+    const uint4* wrow = W8 ? (const uint4*)((const int8_t*)p.w + (size_t)vr * p.cols) + l : gemv_wrow(p, vr, l);
+    const uint16_t* srow = W8 ? p.scales + (size_t)vr * (p.cols >> 5) + (l >> 1) : p.scales + (size_t)vr * (p.cols >> 7);
     uint4 wv[U];
     uint32_t sc[U];
-    if (valid) gemv_load_batch<U>(p, wrow, srow, u0, u1, wv, sc);
+    if (valid) gemv_load_batch<U, W8>(p, wrow, srow, u0, u1, wv, sc);
     l2_prefetch(p.pf, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y);
     float* cst = (p.res_in || p.norm_w) ? xs + gemv_cst_offset(p.cols, A8) : nullptr;
     if (cst) gemv_constants_async(p, cst);
@@ -500,7 +533,7 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     pdl_wait();
     pdl_launch_dependents();
     // The float4s of x this split multiplies.
-    const int j0 = p.int4 ? u0 * 32 : u0 * 8, j1 = p.int4 ? u1 * 32 : u1 * 8;
+    const int j0 = W8 ? u0 * 16 : p.int4 ? u0 * 32 : u0 * 8, j1 = W8 ? u1 * 16 : p.int4 ? u1 * 32 : u1 * 8;
     if (A8) {
         gemv_prologue(p, xs, red, false, nullptr, j0, j1, cst);
         gemv_act8_quantize(xs, p.cols, u0, u1);
@@ -509,7 +542,7 @@ __device__ __forceinline__ void gemv_tiled(const GemvParams& p, float* xs) {
     }
 
     float acc = 0.f;
-    if (valid) acc = gemv_row_dot<U, A8>(p, wrow, srow, u0, u1, l, xs, wv, sc);
+    if (valid) acc = gemv_row_dot<U, A8, W8>(p, wrow, srow, u0, u1, l, xs, wv, sc);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 1);
     acc += __shfl_xor_sync(HAYAI_FULL_MASK, acc, 2);
     if (p.glu) {
@@ -555,6 +588,13 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv(const GemvParams
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_a8(const GemvParams p) {
     extern __shared__ float xs[];
     gemv_tiled<GEMV_UNROLL, true>(p, xs);
+}
+
+// int8 weights with an f16 scale per 32 columns (GGML's Q8_0 blocks; the output head of a file
+// that stores it so: `CudaOptions::lm_head_int8`). x as gemv_a8's, at the start.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_q8(const GemvParams p) {
+    extern __shared__ float xs[];
+    gemv_tiled<GEMV_UNROLL, false, true>(p, xs);
 }
 
 // The same with 8 loads in flight per lane (fewer dependent round trips per row, more registers).

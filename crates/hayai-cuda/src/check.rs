@@ -131,6 +131,18 @@ pub fn reference_model(model: &Model, quant: Quant) -> Model {
     }
 }
 
+/// The CPU reference model of the decode step `opts` runs: [`reference_model`], with the exact
+/// int8 output head where [`CudaOptions::lm_head_int8`] asks for it (and the head has one; the
+/// GPU runner refuses it otherwise).
+pub fn decode_reference_model(model: &Model, opts: &CudaOptions) -> Model {
+    if opts.lm_head_int8 {
+        if let Some(m) = crate::quant::round_model_bf16_int8_head(model) {
+            return m;
+        }
+    }
+    reference_model(model, opts.quant)
+}
+
 fn all_logits(r: &mut dyn Runner, tokens: &[u32]) -> Result<Vec<Vec<f32>>, CudaError> {
     let mut out = Vec::new();
     r.forward(tokens, Rows::All, &mut |_, l| out.push(l.to_vec()))?;
@@ -368,7 +380,7 @@ pub fn parity(
     steps: usize,
 ) -> Result<ParityReport, CudaError> {
     let quant = opts.quant;
-    let reference = Arc::new(reference_model(model, quant));
+    let reference = Arc::new(decode_reference_model(model, opts));
     let max_context = Some(prompt.len() + steps + 1);
     let mut gpu = CudaRunner::new(
         Arc::new(model.clone()),

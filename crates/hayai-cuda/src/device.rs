@@ -174,6 +174,7 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("decode_stream_w16_r2", false),
     ("decode_stream_w4_r10", false),
     ("decode_stream_w4_r2", false),
+    ("gemv_q8", false),
 ];
 
 impl Gpu {

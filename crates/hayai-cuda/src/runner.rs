@@ -299,6 +299,10 @@ pub struct CudaRunner {
     layers: Vec<DevLayer>,
     embed: DevBuf,
     lm_head: DevMat,
+    /// The output head as int8 with f16 scales per 32 columns ([`CudaOptions::lm_head_int8`]:
+    /// `w` the int8 values, `scales` the f16 bits), which the decode step's lm_head GEMV takes
+    /// instead of `lm_head` (the prefill's GEMM keeps that).
+    lm_head_int8: Option<DevMat>,
     ple_table: Option<DevBuf>,
     ple_model: Option<DevMat>,
     ple_norm: Option<DevBuf>,
@@ -507,6 +511,31 @@ impl CudaRunner {
             (None, Quant::Int4) => upload_mats(&gpu, &[&w.embed], false, q, oct)?,
             (Some(h), _) => upload_mats(&gpu, &[h], false, q, oct)?,
         };
+        let lm_head_int8 = if opts.lm_head_int8 {
+            let m = crate::quant::int8_exact(w.lm_head()).ok_or_else(|| {
+                CudaError::Unsupported(
+                    "--lm-head-int8: the model's output head is not int8 blocks of 32 with f16 \
+                     scales exactly (a GGUF file's Q8_0 tensor is)"
+                        .into(),
+                )
+            })?;
+            let bytes = m.n_bytes();
+            let q: Vec<u8> = m.q.iter().map(|&v| v as u8).collect();
+            let qb = gpu.upload(&q)?;
+            let sb = gpu.upload(&m.scales)?;
+            Some(DevMat {
+                w: qb.ptr(),
+                scales: sb.ptr(),
+                scales_oct: 0,
+                rows: m.rows,
+                cols: m.cols,
+                int4: false,
+                bytes,
+                _bufs: vec![qb, sb],
+            })
+        } else {
+            None
+        };
         let (ple_table, ple_model, ple_norm) = match &w.ple {
             Some(p) => (
                 Some(gpu.upload(&to_bf16_bits(&p.table))?),
@@ -650,6 +679,7 @@ impl CudaRunner {
             layers,
             embed,
             lm_head,
+            lm_head_int8,
             ple_table,
             ple_model,
             ple_norm,
@@ -761,7 +791,8 @@ impl CudaRunner {
     /// Bytes of projection weights streamed per decode step (the two gathered table rows
     /// excluded: they are a few KB).
     pub fn weight_bytes_per_token(&self) -> usize {
-        let mut b = self.lm_head.bytes + self.ple_model.as_ref().map_or(0, |m| m.bytes);
+        let head = self.lm_head_int8.as_ref().unwrap_or(&self.lm_head);
+        let mut b = head.bytes + self.ple_model.as_ref().map_or(0, |m| m.bytes);
         for l in &self.layers {
             b += l.qkv.bytes + l.o.bytes + l.gateup.bytes + l.down.bytes;
             b += l.ple_gate.as_ref().map_or(0, |m| m.bytes);

@@ -85,6 +85,44 @@ fn small_gemma3_bf16_and_int4_match_cpu() {
     }
 }
 
+/// `m` with its tied output head replaced by exact int8 blocks of 32 (random q, |q| <= 127 with
+/// 127 in every block, f16 scales), as a GGUF file's Q8_0 `token_embd` dequantizes.
+fn with_int8_head(mut m: hayai_model::Model, seed: u64) -> hayai_model::Model {
+    let (rows, cols) = (m.spec.vocab, m.spec.hidden);
+    let mut r = hayai_model::random::SplitMix::new(seed);
+    let mut v = vec![0.0f32; rows * cols];
+    for (b, block) in v.chunks_mut(32).enumerate() {
+        let d = half::f16::from_f32(0.002 + 0.004 * r.uniform().abs()).to_f32();
+        for (i, x) in block.iter_mut().enumerate() {
+            let q = if i == b % 32 {
+                127.0
+            } else {
+                (r.uniform() * 127.0).round()
+            };
+            *x = q * d;
+        }
+    }
+    m.weights.embed = hayai_model::Matrix::from_f32(rows, cols, v);
+    m.weights.lm_head = None;
+    m
+}
+
+/// On a GPU: the output head as int8 blocks (`lm_head_int8`, `gemv_q8`) against the CPU
+/// reference with that head at its exact values (the rest bf16), both architectures.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn lm_head_int8_matches_cpu() {
+    require_gpu();
+    for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
+        let m = with_int8_head(random_model(&small_spec(arch), seed), seed);
+        let o = CudaOptions {
+            lm_head_int8: true,
+            ..opts(Quant::Bf16, false)
+        };
+        assert_parity(&m, &o, 16, 280, 1e-4);
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_equals_eager_launches() {
@@ -131,6 +169,23 @@ fn real_gemma3_270m_head_is_exact_int8() {
     assert_eq!(e.dequantize().to_f32(), head.to_f32());
     // 262,144 x 640: 178 MB as int8 with scales against 335 MB as bf16.
     assert_eq!(e.n_bytes(), 262_144 * 640 + 262_144 * 20 * 2);
+}
+
+/// On a GPU: the real Gemma 3 270M with its Q8_0 head as int8 (`lm_head_int8`): logits and 256
+/// greedy tokens against the CPU reference with that head exact.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn real_gemma3_270m_lm_head_int8_matches_cpu() {
+    require_gpu();
+    let m = real_270m();
+    let o = CudaOptions {
+        lm_head_int8: true,
+        ..opts(Quant::Bf16, false)
+    };
+    let r = parity(&m, &o, &REAL_PROMPT, 256).unwrap();
+    eprintln!("270M int8 head {}", r.line());
+    assert!(r.rel_l2 < 1e-3, "{}", r.line());
+    assert!(r.greedy_identical(), "{}", r.line());
 }
 
 /// On a GPU: the real Gemma 3 270M's logits and 256 greedy tokens match the CPU reference.

@@ -718,6 +718,11 @@ pub struct GpuVariantArgs {
     /// Tiled GEMV with 8 loads in flight per lane.
     #[arg(long)]
     pub gemv_unroll8: bool,
+    /// The output head as int8 with an f16 scale per 32 columns, the file's own values, where
+    /// the model stores it so (a GGUF's Q8_0 token_embd, as the Gemma 3 270M's); --quant bf16,
+    /// the launch plan only (the streamed step does not take it yet).
+    #[arg(long)]
+    pub lm_head_int8: bool,
     /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel.
     #[arg(long)]
     pub attn_prefetch: bool,
@@ -819,6 +824,7 @@ impl GpuVariantArgs {
             persistent_gemv: self.persistent_gemv,
             fuse_ple: self.fuse_ple,
             gemv_unroll8: self.gemv_unroll8,
+            lm_head_int8: self.lm_head_int8,
             attn_prefetch: self.attn_prefetch,
             single_kernel: self.single_kernel,
             streamed_step: if self.streamed_step {
@@ -859,6 +865,7 @@ impl GpuVariantArgs {
             (self.persistent_gemv, "--persistent-gemv"),
             (self.fuse_ple, "--fuse-ple"),
             (self.gemv_unroll8, "--gemv-unroll8"),
+            (self.lm_head_int8, "--lm-head-int8"),
             (self.attn_prefetch, "--attn-prefetch"),
             (self.single_kernel, "--single-kernel"),
             (self.streamed_step, "--streamed-step"),

@@ -150,6 +150,13 @@ pub struct CudaOptions {
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
+    /// The output head as int8 with an f16 scale per 32 columns (`gemv_q8`) where the model's
+    /// head is exactly so (a GGUF file's Q8_0 `token_embd`: the real Gemma 3 270M's), instead of
+    /// rounded to bf16: the file's own values, 178 instead of 335 MB a step on the 270M. With
+    /// `--quant bf16` in the launch plan only (a launch-plan variant: `Auto` keeps the launch
+    /// plan); the batched prefill keeps the bf16 head, as its GEMMs round every weight to bf16.
+    /// Off until measured.
+    pub lm_head_int8: bool,
     /// Batched prefill with each GEMM input split into two bf16 parts (value and remainder):
     /// 16 significant bits per activation (relative error <= 2^-17) at twice the tensor-core
     /// work. For checks (its CPU twin is `MatmulInputs::Bf16Pair`); off by default.
@@ -187,6 +194,7 @@ impl Default for CudaOptions {
             l2_prefetch_attn: 0,
             batched_prefill: true,
             precise_prefill: false,
+            lm_head_int8: false,
         }
     }
 }
@@ -226,6 +234,7 @@ impl CudaOptions {
                 "--no-tc-kwarps",
             ),
             (self.single_kernel, "--single-kernel"),
+            (self.lm_head_int8, "--lm-head-int8"),
             (self.l2_prefetch != d.l2_prefetch, "--l2-prefetch"),
             (self.l2_prefetch_own, "--l2-prefetch-own"),
             (
@@ -270,6 +279,18 @@ impl CudaOptions {
     /// form, so with int8 activations those two products would not be what the CPU twin
     /// (`check::decode_matmul_inputs`: int8 for every product) computes.
     pub fn conflict(&self) -> Option<String> {
+        if self.lm_head_int8 {
+            if self.quant != Quant::Bf16 {
+                return Some("--lm-head-int8 is for --quant bf16".into());
+            }
+            if self.streamed() || self.single_kernel || self.persistent_gemv {
+                return Some(
+                    "--lm-head-int8 runs in the launch plan's tiled GEMV only: not with \
+                     --streamed-step, --single-kernel or --persistent-gemv"
+                        .into(),
+                );
+            }
+        }
         (self.fuse_ple && self.uses_int8_activations() && !self.streamed()).then(|| {
             "--fuse-ple (the PLE gate and projection as one launch, gemv_pair) has no int8 \
              activations: not with --quant int4-a8 / --int8-activations"
@@ -493,6 +514,40 @@ mod tests {
             },
         ] {
             assert!(ok.conflict().is_none());
+        }
+    }
+
+    #[test]
+    fn the_int8_head_is_a_bf16_launch_plan_variant() {
+        let o = CudaOptions {
+            quant: Quant::Bf16,
+            lm_head_int8: true,
+            streamed_step: StreamedStep::Auto,
+            ..CudaOptions::default()
+        };
+        assert!(o.conflict().is_none());
+        // `Auto` keeps the launch plan for it.
+        assert_eq!(o.launch_plan_variant(), Some("--lm-head-int8"));
+        let int4 = CudaOptions {
+            quant: Quant::Int4,
+            ..o.clone()
+        };
+        assert!(int4.conflict().unwrap().contains("--quant bf16"));
+        for other in [
+            CudaOptions {
+                streamed_step: StreamedStep::On,
+                ..o.clone()
+            },
+            CudaOptions {
+                single_kernel: true,
+                ..o.clone()
+            },
+            CudaOptions {
+                persistent_gemv: true,
+                ..o
+            },
+        ] {
+            assert!(other.conflict().unwrap().contains("launch plan"));
         }
     }
 }

@@ -172,6 +172,22 @@ impl CudaRunner {
         (l, Act::whole(ptr, rows))
     }
 
+    /// A GEMV of int8 weights with f16 scales per 32 columns (`gemv_q8`; the output head of
+    /// [`CudaOptions::lm_head_int8`]), unsplit: the tiled GEMV's rows, prologue and output.
+    fn gemv_int8(&self, label: &'static str, m: &DevMat, out: u64, p: GemvParams) -> Launch {
+        let p = self.gemv_params(m, (out, 0), 1, p);
+        let norms = p.res_in != 0 || p.norm_w != 0;
+        let grid = (m.rows.div_ceil(GEMV_ROWS_PER_BLOCK) as u32, 1, 1);
+        let smem = gemv_smem(m.cols, false, norms);
+        let mut l = Launch::new(&self.gpu, label, "gemv_q8", grid, 256, smem as u32, &p);
+        l.reads = [
+            (m.w, m.rows * m.cols),
+            (m.scales, m.bytes - m.rows * m.cols),
+        ];
+        l.prefetch_at = Some(std::mem::offset_of!(GemvParams, pf));
+        l
+    }
+
     /// `label`: the GEMV's stream label (the streamed step's split caps are by label).
     fn mat_splits(&self, m: &DevMat, sm: usize, label: &str) -> usize {
         let units = if m.int4 { m.cols / 128 } else { m.cols / 32 };
@@ -571,7 +587,13 @@ impl CudaRunner {
             ..Default::default()
         };
         a.feed(&mut p);
-        let (l, _) = self.gemv("gemv.lm_head", &self.lm_head, (s.logits.ptr(), 0), 1, p);
+        let l = match &self.lm_head_int8 {
+            Some(m) => self.gemv_int8("gemv.lm_head", m, s.logits.ptr(), p),
+            None => {
+                self.gemv("gemv.lm_head", &self.lm_head, (s.logits.ptr(), 0), 1, p)
+                    .0
+            }
+        };
         plan.push(l);
         let ap = ArgmaxParams {
             logits: s.logits.ptr(),
