@@ -340,6 +340,50 @@ mod tests {
         assert!(int8_exact(&Matrix::from_f32(1, 48, vec![0.0; 48])).is_none());
     }
 
+    /// `gemv_q8`'s indexing (kernels/gemv.cu), modelled: lane l of a row's quad, unit g of 64
+    /// columns: the 16 bytes at g * 64 + 16 l, x at the same columns, the scale at block
+    /// 2 g + l / 2 of the row; the lanes' sums added as the two shuffles add them. Every
+    /// row's result against the plain product of the exact values.
+    #[test]
+    fn gemv_q8_indexing_reproduces_each_rows_dot_product() {
+        let (rows, cols) = (7, 320);
+        let (_, _, m) = q8_matrix(rows, cols, 11);
+        let e = int8_exact(&m).unwrap();
+        let mut r = hayai_model::random::SplitMix::new(12);
+        let x: Vec<f32> = (0..cols).map(|_| r.uniform()).collect();
+        let w = m.to_f32();
+        let blocks = cols / INT8_BLOCK;
+        for row in 0..rows {
+            let mut lanes = [0.0f32; 4];
+            for (l, acc) in lanes.iter_mut().enumerate() {
+                for g in 0..cols / 64 {
+                    let c0 = g * 64 + 16 * l;
+                    let bytes = &e.q[row * cols + c0..row * cols + c0 + 16];
+                    // dot_chunk_int8: two chains over the 16 columns.
+                    let (mut s0, mut s1) = (0.0f32, 0.0f32);
+                    for (i, &q) in bytes.iter().enumerate() {
+                        let t = q as f32 * x[c0 + i];
+                        if i % 2 == 0 {
+                            s0 += t
+                        } else {
+                            s1 += t
+                        }
+                    }
+                    let d = half::f16::from_bits(e.scales[row * blocks + 2 * g + l / 2]).to_f32();
+                    *acc += (s0 + s1) * d;
+                }
+            }
+            let got = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+            let want: f64 = (0..cols)
+                .map(|c| w[row * cols + c] as f64 * x[c] as f64)
+                .sum();
+            assert!(
+                (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "row {row}: {got} against {want}"
+            );
+        }
+    }
+
     #[test]
     fn the_int8_head_twin_unties_the_head_and_keeps_it_exact() {
         let spec = hayai_model::random::tiny_spec(hayai_model::spec::Arch::Gemma3);
