@@ -12,7 +12,7 @@
 //! slices, first pass, first cell) so the kernel need not work them out per operation; [`walk`]
 //! reads through those shares.
 
-use crate::quant::{Int4Matrix, GROUP};
+use crate::quant::{Int4Matrix, Int8Matrix, GROUP};
 use rayon::prelude::*;
 
 /// Rows per cell (one `mma` tile).
@@ -38,13 +38,19 @@ pub enum CellFormat {
     /// column operation's unit is one column block (all its rows): the fused PLE operation
     /// multiplies the projection's columns that match its SM's gate outputs (kernels/stream_step.cu).
     Int4Columns,
+    /// 16 x 128 int8 (2,048 bytes, a bf16 cell's size, so both kinds share a ring): lane
+    /// (g, c) loads 16 bytes at [t * 32 + lane], t = 0..3, word j of which holds columns
+    /// 32 t + 16 (j / 2) + 4 c .. + 3 of row g + 8 (j % 2); column block t of the cell is one
+    /// block of 32 of the matrix's f16 scales, which stay outside the stream
+    /// ([`Streams::scales`]).
+    Int8,
 }
 
 impl CellFormat {
     pub fn bytes(self) -> usize {
         match self {
             CellFormat::Int4 | CellFormat::Int4Columns => 1056,
-            CellFormat::Bf16 => 2048,
+            CellFormat::Bf16 | CellFormat::Int8 => 2048,
         }
     }
     /// Columns per cell.
@@ -53,6 +59,7 @@ impl CellFormat {
             CellFormat::Int4 => GROUP,
             CellFormat::Bf16 => 64,
             CellFormat::Int4Columns => COL_CELL_COLS,
+            CellFormat::Int8 => 128,
         }
     }
 }
@@ -69,6 +76,8 @@ pub enum Weights<'a> {
         cols: usize,
         bits: &'a [u16],
     },
+    /// int8 with f16 scales per 32 columns ([`CellFormat::Int8`]; in a bf16 stream).
+    Int8(&'a Int8Matrix),
 }
 
 impl Weights<'_> {
@@ -76,6 +85,7 @@ impl Weights<'_> {
         match self {
             Weights::Int4(m) | Weights::Int4Columns(m) => (m.rows, m.cols),
             Weights::Bf16 { rows, cols, .. } => (*rows, *cols),
+            Weights::Int8(m) => (m.rows, m.cols),
         }
     }
     fn format(&self) -> CellFormat {
@@ -83,6 +93,7 @@ impl Weights<'_> {
             Weights::Int4(_) => CellFormat::Int4,
             Weights::Bf16 { .. } => CellFormat::Bf16,
             Weights::Int4Columns(_) => CellFormat::Int4Columns,
+            Weights::Int8(_) => CellFormat::Int8,
         }
     }
 }
@@ -224,6 +235,9 @@ pub struct Streams {
     /// cells between streams are zero).
     pub bytes: Vec<u8>,
     pub sm_base: Vec<usize>,
+    /// Per operation, an int8 one's f16 scales (`[rows][k / 32]`, read beside the stream); empty
+    /// for the others.
+    pub scales: Vec<Vec<u16>>,
 }
 
 /// Builds every SM's stream for `ops` (one cell format for all of them) on `n_sm` SMs with
@@ -241,8 +255,11 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
     for (i, op) in ops.iter().enumerate() {
         let (rows, cols) = op.weights.shape();
         let f = op.weights.format();
-        // Column cells share the int4 cells' ring (the same size).
-        if f != format && !(f == CellFormat::Int4Columns && format == CellFormat::Int4) {
+        // Column cells share the int4 cells' ring, int8 cells the bf16 cells' (the same sizes).
+        if f != format
+            && !(f == CellFormat::Int4Columns && format == CellFormat::Int4)
+            && !(f == CellFormat::Int8 && format == CellFormat::Bf16)
+        {
             return Err(format!(
                 "operation {i}: every operation needs the same cell format"
             ));
@@ -273,13 +290,13 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                 sms: Vec::new(),
             }
         } else {
-            if rows == 0 || rows % CELL_ROWS != 0 || cols == 0 || cols % format.cols() != 0 {
+            if rows == 0 || rows % CELL_ROWS != 0 || cols == 0 || cols % f.cols() != 0 {
                 return Err(format!(
                     "operation {i}: {rows} x {cols} is not whole {CELL_ROWS} x {} cells",
-                    format.cols()
+                    f.cols()
                 ));
             }
-            let groups = cols / format.cols();
+            let groups = cols / f.cols();
             OpPlan {
                 rows,
                 k: cols,
@@ -341,6 +358,13 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                 );
             }
         });
+    let scales = ops
+        .iter()
+        .map(|op| match op.weights {
+            Weights::Int8(m) => m.scales.clone(),
+            _ => Vec::new(),
+        })
+        .collect();
     Ok(Streams {
         format,
         n_sm,
@@ -348,6 +372,7 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
         ops: plans,
         bytes,
         sm_base,
+        scales,
     })
 }
 
@@ -445,6 +470,20 @@ fn encode_cell(w: &Weights, tile: usize, group: usize, out: &mut [u8]) {
                 let scale = m.scales[row * gs + tile * COL_CELL_COLS / GROUP];
                 let at = 8 * COL_CELL_ROWS + 2 * rr;
                 out[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        Weights::Int8(m) => {
+            // Column k, row rr: load k / 32 of lane 4 (rr % 8) + (k % 16) / 4, word
+            // 2 ((k % 32) / 16) + rr / 8, byte k % 4.
+            for rr in 0..CELL_ROWS {
+                let row = tile * CELL_ROWS + rr;
+                for k in 0..128 {
+                    let (t, kk) = (k / 32, k % 32);
+                    let lane = 4 * (rr % 8) + (kk % 16) / 4;
+                    let word = 2 * (kk / 16) + rr / 8;
+                    let byte = (t * 32 + lane) * 16 + word * 4 + kk % 4;
+                    out[byte] = m.q[row * m.cols + group * 128 + k] as u8;
+                }
             }
         }
         Weights::Bf16 { cols, bits, .. } => {
@@ -596,7 +635,18 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
                     let pos = pb + r * q.np * q.kw + ti * cnt + sl;
                     let bytes = &st.bytes[pos * cell..(pos + 1) * cell];
                     let xg = &x[(slice * gu + g) * cols..][..cols];
-                    let rows = decode_cell(plan.format, bytes);
+                    let mut rows = decode_cell(plan.format, bytes);
+                    if plan.format == CellFormat::Int8 {
+                        // Each 32-column block times its row's scale, from beside the stream.
+                        let (sc, blocks) = (&st.scales[op], plan.k / 32);
+                        for (rr, vals) in rows.iter_mut().enumerate() {
+                            let row = tile * CELL_ROWS + rr;
+                            for (k, v) in vals.iter_mut().enumerate() {
+                                let b = (slice * gu + g) * 4 + k / 32;
+                                *v *= half::f16::from_bits(sc[row * blocks + b]).to_f32();
+                            }
+                        }
+                    }
                     for (rr, vals) in rows.iter().enumerate() {
                         let dot: f32 = vals.iter().zip(xg).map(|(w, v)| w * v).sum();
                         parts[slice * plan.rows + tile * CELL_ROWS + rr] += dot;
@@ -681,6 +731,19 @@ fn decode_cell(format: CellFormat, b: &[u8]) -> Vec<Vec<f32>> {
                 }
             }
             CellFormat::Int4Columns => unreachable!("column cells: decode_column_cell"),
+            CellFormat::Int8 => {
+                // Load t, word j: row g + 8 (j % 2), columns 32 t + 16 (j / 2) + 4 c + i
+                // (the q values; the scales are applied by the caller).
+                for t in 0..4 {
+                    for j in 0..4 {
+                        let v = word((t * 32 + lane) * 4 + j);
+                        for i in 0..4 {
+                            let col = 32 * t + 16 * (j / 2) + 4 * c + i;
+                            rows[g + 8 * (j % 2)][col] = ((v >> (8 * i)) & 0xFF) as u8 as i8 as f32;
+                        }
+                    }
+                }
+            }
             CellFormat::Bf16 => {
                 // Step s: registers a0..a3 = (row g, k 2c..), (g + 8, 2c..), (g, 8 + 2c..),
                 // (g + 8, 8 + 2c..) of columns 16 s + k.
@@ -965,6 +1028,97 @@ mod tests {
             let w = Matrix::from_bf16_bits(*rows, *cols, bits.clone());
             assert!(close(&walk(&st, i, &x), &gemv(&w, &x)), "op {i}");
         }
+    }
+
+    /// An int8 matrix (Q8_0-like blocks: int8 q, one f16 scale per 32 columns) from `seed`.
+    fn int8_mat(rows: usize, cols: usize, seed: u64) -> crate::quant::Int8Matrix {
+        let mut h = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = || {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            h
+        };
+        crate::quant::Int8Matrix {
+            rows,
+            cols,
+            q: (0..rows * cols).map(|_| next() as u8 as i8).collect(),
+            scales: (0..rows * cols / 32)
+                .map(|_| half::f16::from_f32(1e-3 * (1 + next() % 16) as f32).to_bits())
+                .collect(),
+        }
+    }
+
+    /// int8 cells in a bf16 stream (the output head after bf16 layers): each operation walks
+    /// back to its plain GEMV, the int8 one with its scales from beside the stream, whole rows
+    /// (the argmax's) or cut along K, on several SM counts; a first operation in int8 or int8
+    /// among int4 cells is refused.
+    #[test]
+    fn int8_cells_share_a_bf16_stream_and_walk_back_to_the_plain_gemv() {
+        let bf = crate::quant::to_bf16_bits(&matrix(96, 512, 5));
+        for whole in [true, false] {
+            for (rows, cols) in [(160, 512), (48, 1280)] {
+                let m8 = int8_mat(rows, cols, rows as u64);
+                let ops = [
+                    StreamOp {
+                        weights: Weights::Bf16 {
+                            rows: 96,
+                            cols: 512,
+                            bits: &bf,
+                        },
+                        whole: false,
+                        after_prev: false,
+                        max_splits: 0,
+                    },
+                    StreamOp {
+                        weights: Weights::Int8(&m8),
+                        whole,
+                        after_prev: false,
+                        max_splits: 0,
+                    },
+                ];
+                for n_sm in [5, 13, 40] {
+                    let st = build(&ops, n_sm, 12).unwrap();
+                    assert_eq!(st.ops[1].format, CellFormat::Int8);
+                    assert_eq!(st.ops[1].groups, cols / 128);
+                    assert!(!whole || st.ops[1].splits == 1);
+                    assert_eq!(st.scales[1], m8.scales);
+                    assert!(st.scales[0].is_empty());
+                    let w0 = Matrix::from_bf16_bits(96, 512, bf.clone());
+                    assert!(close(&walk(&st, 0, &input(512)), &gemv(&w0, &input(512))));
+                    let x = input(cols);
+                    let w = m8.dequantize();
+                    assert!(
+                        close(&walk(&st, 1, &x), &gemv(&w, &x)),
+                        "{rows} x {cols} whole {whole} on {n_sm} SMs"
+                    );
+                }
+            }
+        }
+        let m8 = int8_mat(16, 128, 1);
+        let first = StreamOp {
+            weights: Weights::Int8(&m8),
+            whole: true,
+            after_prev: false,
+            max_splits: 0,
+        };
+        let bf16_op = StreamOp {
+            weights: Weights::Bf16 {
+                rows: 96,
+                cols: 512,
+                bits: &bf,
+            },
+            whole: false,
+            after_prev: false,
+            max_splits: 0,
+        };
+        assert!(build(&[first, bf16_op], 5, 12).is_err());
+        let q4 = quantize_int4(&matrix(16, 128, 2));
+        let int4_op = StreamOp {
+            weights: Weights::Int4(&q4),
+            ..bf16_op
+        };
+        assert!(build(&[int4_op, first], 5, 12).is_err());
     }
 
     #[test]
