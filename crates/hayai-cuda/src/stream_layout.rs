@@ -42,7 +42,9 @@ pub enum CellFormat {
     /// (g, c) loads 16 bytes at [t * 32 + lane], t = 0..3, word j of which holds columns
     /// 32 t + 16 (j / 2) + 4 c .. + 3 of row g + 8 (j % 2); column block t of the cell is one
     /// block of 32 of the matrix's f16 scales, which stay outside the stream
-    /// ([`Streams::scales`]).
+    /// ([`Streams::scales`]). Provisional: no kernel reads it yet; each lane here needs 8
+    /// scales a cell (two rows x four blocks), where a lane order giving each lane one block
+    /// of a cell (rotated by lane so x's reads stay conflict-free) would need 2.
     Int8,
 }
 
