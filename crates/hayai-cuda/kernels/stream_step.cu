@@ -50,6 +50,14 @@
 #define SS_FMT_A8 0
 #define SS_FMT_W16 1
 #define SS_FMT_W4 2
+// int8 cells (16 x 128, a bf16 cell's 2,048 bytes, stream_layout.rs `CellFormat::Int8`) times
+// float x, with an f16 scale per 32 columns: an output head stored as Q8_0 (the W16 kernels only,
+// an operation whose GemvParams.int4 is SS_W_INT8; --lm-head-int8). The scales come with their
+// chunk into a ring of their own (SS_SC_U4 uint4s a cell, after the int8 fragments' area).
+#define SS_FMT_I8 3
+#define SS_W_INT8 8
+#define SS_SC_U4 8
+#define SS_XF_BYTES (SS_MAXG * 16 * 8)  // the int8 fragments' area (runner/launch.rs STREAM_XF_BYTES)
 #define SS_DIG 160  // bytes between a W4 input group's digit tables (ss_x_digits)
 #define SS_CH 16                        // cells per ring chunk
 #define SS_MAXG 96                      // input groups: K <= 12,288
@@ -131,9 +139,14 @@ struct StreamParams {
                                     // ranges as many tiles (checks); 0: ranges spread over the SMs
     int attn_min_keys;              // with attn_tk 0: the fewest keys a range takes
     const int* pos;                 // the step's position (step_io[1]; every attention's `pos`)
+    // int8 cells' scales (W16 kernels; stream_layout.rs `scale_bytes`; null: none): SM s's from
+    // its chunk sc_from[s] on (0xffffffff: none) at sc_stream + sc_base[s], SS_SC_U4 a cell.
+    const uint4* sc_stream;
+    const unsigned long long* sc_base;
+    const unsigned* sc_from;
 };
 
-static_assert(sizeof(StreamParams) == 88, "StreamParams is mirrored by the host");
+static_assert(sizeof(StreamParams) == 112, "StreamParams is mirrored by the host");
 
 // The consumer warps as a thread group (gemv_prologue, group_sum) with their own barrier.
 struct ConsumerThreads {
@@ -186,9 +199,19 @@ __device__ __forceinline__ void ss_tl_at(unsigned long long* tl, int i) {
 // c % NCH once chunk c - NCH has landed and every consumer warp is done with it.
 template <int NCH, int CU4 = SS_CELL_U4>
 __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t* full, unsigned total,
-                           int lane, volatile int* hold, unsigned* landed, const unsigned* wdone) {
+                           int lane, volatile int* hold, unsigned* landed, const unsigned* wdone,
+                           uint4* sring) {
     const uint4* src = P.stream + P.sm_base[blockIdx.x] * CU4;
     const unsigned nch = (total + SS_CH - 1) / SS_CH;
+    // The int8 cells' scales (bf16 streams only): chunks from sc0 on copy theirs too.
+    unsigned sc0 = 0xffffffffu;
+    const uint4* scsrc = nullptr;
+    if constexpr (CU4 == SS_W16_U4) {
+        if (P.sc_stream) {
+            sc0 = P.sc_from[blockIdx.x];
+            scsrc = P.sc_stream + P.sc_base[blockIdx.x];
+        }
+    }
     unsigned issued = 0, done = 0, pf = 0;
     // The ring's copies mark their lines evict-first: every step reads its weights once through
     // the L2 (2.4-9.3 GB a step against 50 MB), and what it reads again (partials, flags, KV rows,
@@ -205,25 +228,40 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
             freed = __reduce_min_sync(HAYAI_FULL_MASK, freed);
             if ((issued < NCH || freed > issued - NCH) && !*hold) {
                 const unsigned slot = issued % NCH;
-                const unsigned n16 = min((unsigned)SS_CH, total - issued * SS_CH) * CU4;
+                const unsigned ncell = min((unsigned)SS_CH, total - issued * SS_CH);
+                const unsigned n16 = ncell * CU4;
                 uint4* dst = (uint4*)ring + slot * SS_CH * CU4;
                 const uint4* from = src + (size_t)issued * SS_CH * CU4;
+                // This chunk's scales (int8 cells): 0 uint4s where it has none.
+                const unsigned s16 = CU4 == SS_W16_U4 && issued >= sc0 ? ncell * SS_SC_U4 : 0u;
+                uint4* sdst = sring + slot * SS_CH * SS_SC_U4;
+                const uint4* sfrom = scsrc + (size_t)(issued - sc0) * SS_CH * SS_SC_U4;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
                 if (lane == 0) {
                     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(
                                      ss_smem(&full[slot])),
-                                 "r"(n16 * 16)
+                                 "r"((n16 + s16) * 16)
                                  : "memory");
                     asm volatile(
                         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
                         "%2, [%3], %4;" ::"r"(ss_smem(dst)),
                         "l"(from), "r"(n16 * 16), "r"(ss_smem(&full[slot])), "l"(pol_copy)
                         : "memory");
+                    if (s16)
+                        asm volatile(
+                            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+                            "[%1], %2, [%3], %4;" ::"r"(ss_smem(sdst)),
+                            "l"(sfrom), "r"(s16 * 16), "r"(ss_smem(&full[slot])), "l"(pol_copy)
+                            : "memory");
                 }
 #else
                 for (unsigned i = lane; i < n16; i += 32)
                     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(ss_smem(dst + i)),
                                  "l"(from + i), "l"(pol_copy)
+                                 : "memory");
+                for (unsigned i = lane; i < s16; i += 32)
+                    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(ss_smem(sdst + i)),
+                                 "l"(sfrom + i), "l"(pol_copy)
                                  : "memory");
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(ss_smem(&full[slot])) : "memory");
 #endif
@@ -290,9 +328,8 @@ struct SsRing {
         rel = c;
         ss_st_release_cta(wdone, c);
     }
-    __device__ __forceinline__ const uint4* cell(unsigned pos) const {
-        return cells + ((pos / SS_CH) % NCH * SS_CH + pos % SS_CH) * CU4;
-    }
+    __device__ __forceinline__ unsigned slot(unsigned pos) const { return (pos / SS_CH) % NCH * SS_CH + pos % SS_CH; }
+    __device__ __forceinline__ const uint4* cell(unsigned pos) const { return cells + slot(pos) * CU4; }
 };
 
 // a (4 unsigned bytes) . b (4 signed bytes) + c.
@@ -386,6 +423,35 @@ __device__ __forceinline__ void ss_cell16(const uint4* cp, const float* xw, int 
         acc_b = fmaf(bf16_lo(w.w), xb.x, acc_b);
         acc_a = fmaf(bf16_hi(w.z), xb.y, acc_a);
         acc_b = fmaf(bf16_hi(w.w), xb.y, acc_b);
+    }
+}
+
+// One int8 cell (SS_FMT_I8) times float x: lane (g, c)'s load t holds, word j, columns 32 t +
+// 16 (j / 2) + 4 c .. + 3 of row g + 8 (j % 2) (stream_layout.rs `CellFormat::Int8`), column
+// block t of the cell; sc: its 16 bytes of the cell's scales (rows g, g + 8, blocks 0-3, f16);
+// xw: x at the cell's column 4 c. Bytes become floats as in gemv_q8 (dot_chunk_int8: PRMT and
+// FADD, exact); each block's sum times its scale, the lane's sums kept apart as ss_cell16's.
+__device__ __forceinline__ float ss_dot4_i8(uint32_t w, float4 x) {
+    constexpr float OFS = 8388736.f;  // 2^23 + 128
+    w ^= 0x80808080u;
+    float s = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540)) - OFS) * x.x;
+    s = fmaf(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7541)) - OFS, x.y, s);
+    s = fmaf(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7542)) - OFS, x.z, s);
+    return fmaf(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7543)) - OFS, x.w, s);
+}
+__device__ __forceinline__ void ss_cell8(const uint4* cp, const float* xw, const uint4* sc, int lane, float& acc_a,
+                                         float& acc_b) {
+    const uint4 s = *sc;
+    const float sa[4] = {f16_to_f32(s.x & 0xffffu), f16_to_f32(s.x >> 16), f16_to_f32(s.y & 0xffffu),
+                         f16_to_f32(s.y >> 16)};
+    const float sb[4] = {f16_to_f32(s.z & 0xffffu), f16_to_f32(s.z >> 16), f16_to_f32(s.w & 0xffffu),
+                         f16_to_f32(s.w >> 16)};
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint4 w = cp[t * 32 + lane];
+        const float4 xa = *(const float4*)(xw + 32 * t), xb = *(const float4*)(xw + 32 * t + 16);
+        acc_a = fmaf(ss_dot4_i8(w.x, xa) + ss_dot4_i8(w.z, xb), sa[t], acc_a);
+        acc_b = fmaf(ss_dot4_i8(w.y, xa) + ss_dot4_i8(w.w, xb), sb[t], acc_b);
     }
 }
 
@@ -667,11 +733,12 @@ __device__ __forceinline__ void ss_split_prologue(const GemvParams& g, const Ple
 // fixed point (ss_cell4, the input turned into int8 digits in place by ss_x_digits).
 template <int NCH, int FMT = SS_FMT_A8>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
-                        SsRing<NCH, FMT == SS_FMT_W16 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc, volatile int* hold,
-                        unsigned long long* stamps, int x_floats, unsigned long long* tl, float* keep,
-                        const PleSplitParams* sp = nullptr, int skind = STEP_GEMV) {
-    constexpr bool W16 = FMT == SS_FMT_W16, W4 = FMT == SS_FMT_W4;
-    constexpr int CU4 = W16 ? SS_W16_U4 : SS_CELL_U4;
+                        SsRing<NCH, FMT == SS_FMT_W16 || FMT == SS_FMT_I8 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc,
+                        volatile int* hold, unsigned long long* stamps, int x_floats, unsigned long long* tl,
+                        float* keep, const PleSplitParams* sp = nullptr, int skind = STEP_GEMV,
+                        const uint4* sring = nullptr) {
+    constexpr bool W16 = FMT == SS_FMT_W16, W4 = FMT == SS_FMT_W4, I8 = FMT == SS_FMT_I8;
+    constexpr int CU4 = W16 || I8 ? SS_W16_U4 : SS_CELL_U4;
     constexpr int GC = W16 ? 64 : 128;  // a group's (a cell's) columns
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = g.cols >> (W16 ? 6 : 7), gu = G / g.splits, tiles = g.rows >> 4;
@@ -693,6 +760,11 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // This lane's columns of a bf16 cell's input (ss_cell16), from group 0.
     const float* xw0 = xs + 2 * (lane & 3);
     (void)xw0;
+    // An int8 cell's (ss_cell8): column 4 c of group 0; its scales' entry g of a ring slot.
+    const float* xw8 = xs + 4 * (lane & 3);
+    const uint4* sc8 = sring + (lane >> 2);
+    (void)xw8;
+    (void)sc8;
     // This lane's B entries of an int4 cell's input (ss_cell4), from group 0: 64 uint2 a group,
     // B column n < 3 digit n's (the other columns' sums are not used: any digit's).
     const uint2* xb4 = (const uint2*)xs + SS_DIG / 8 * ((lane >> 2) < 3 ? (lane >> 2) : 0) + (lane & 3);
@@ -716,7 +788,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     if constexpr (W4) {
         ss_x_digits(xs, sm, g0, g1, warp, lane);
         ConsumerThreads{}.sync();
-    } else if constexpr (!W16) {
+    } else if constexpr (!W16 && !I8) {
         for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
             int q[4];
             const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
@@ -765,6 +837,11 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     if constexpr (W16) {
                         ss_cell16(R.cells + slot * CU4, xw0 + (gofs + r) * GC, lane, acc_a, acc_b);
                         ss_cell16(R.cells + slot1 * CU4, xw0 + (gofs + r + 1) * GC, lane, acc_a, acc_b);
+                    } else if constexpr (I8) {
+                        ss_cell8(R.cells + slot * CU4, xw8 + (gofs + r) * GC, sc8 + slot * SS_SC_U4, lane, acc_a,
+                                 acc_b);
+                        ss_cell8(R.cells + slot1 * CU4, xw8 + (gofs + r + 1) * GC, sc8 + slot1 * SS_SC_U4, lane,
+                                 acc_a, acc_b);
                     } else if constexpr (W4) {
                         ss_cell4(R.cells + slot * CU4, xb4 + (gofs + r) * 64, x8[r], xc[r], lane, acc_a, acc_b);
                         ss_cell4(R.cells + slot1 * CU4, xb4 + (gofs + r + 1) * 64, x8[r + 1], xc[r + 1], lane,
@@ -784,6 +861,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     R.land(pos / SS_CH);
                     if constexpr (W16)
                         ss_cell16(R.cells + slot * CU4, xw0 + (gofs + r) * GC, lane, acc_a, acc_b);
+                    else if constexpr (I8)
+                        ss_cell8(R.cells + slot * CU4, xw8 + (gofs + r) * GC, sc8 + slot * SS_SC_U4, lane, acc_a,
+                                 acc_b);
                     else if constexpr (W4)
                         ss_cell4(R.cells + slot * CU4, xb4 + (gofs + r) * 64, x8[r], xc[r], lane, acc_a, acc_b);
                     else
@@ -803,6 +883,11 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     if constexpr (W16) {
                         ss_cell16(R.cell(p0), xw0 + (gofs + ga) * GC, lane, acc_a, acc_b);
                         ss_cell16(R.cell(p1), xw0 + (gofs + gb) * GC, lane, acc_a, acc_b);
+                    } else if constexpr (I8) {
+                        ss_cell8(R.cell(p0), xw8 + (gofs + ga) * GC, sc8 + R.slot(p0) * SS_SC_U4, lane, acc_a,
+                                 acc_b);
+                        ss_cell8(R.cell(p1), xw8 + (gofs + gb) * GC, sc8 + R.slot(p1) * SS_SC_U4, lane, acc_a,
+                                 acc_b);
                     } else if constexpr (W4) {
                         ss_cell4(R.cell(p0), xb4 + (gofs + ga) * 64, sm.xs8[gofs + ga], sm.xsc[gofs + ga], lane,
                                  acc_a, acc_b);
@@ -824,6 +909,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                     R.land(pos / SS_CH);
                     if constexpr (W16)
                         ss_cell16(R.cell(pos), xw0 + (gofs + grp) * GC, lane, acc_a, acc_b);
+                    else if constexpr (I8)
+                        ss_cell8(R.cell(pos), xw8 + (gofs + grp) * GC, sc8 + R.slot(pos) * SS_SC_U4, lane, acc_a,
+                                 acc_b);
                     else if constexpr (W4)
                         ss_cell4(R.cell(pos), xb4 + (gofs + grp) * 64, sm.xs8[gofs + grp], sm.xsc[gofs + grp],
                                  lane, acc_a, acc_b);
@@ -833,7 +921,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                 }
             }
             // The quad's lanes' sums of its rows (ss_cell by dp4a, ss_cell16, ss_cell4).
-            if ((SS_CELL_DP4A && FMT == SS_FMT_A8) || W16 || W4) {
+            if ((SS_CELL_DP4A && FMT == SS_FMT_A8) || W16 || W4 || I8) {
                 acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 1);
                 acc_b += __shfl_xor_sync(HAYAI_FULL_MASK, acc_b, 1);
                 acc_a += __shfl_xor_sync(HAYAI_FULL_MASK, acc_a, 2);
@@ -1673,6 +1761,9 @@ __device__ void stream_body(const StreamParams& P) {
     unsigned char* ring = ss_dyn;
     float* xs = (float*)(ss_dyn + (size_t)NCH * SS_CH * CU4 * 16);
     uint2* xf = (uint2*)(xs + P.x_floats);
+    // The int8 cells' scale ring (SS_SC_U4 a cell), after the int8 fragments' area; the host
+    // gives the W16 kernels room for it where the stream has int8 cells.
+    uint4* sring = (uint4*)((unsigned char*)xf + SS_XF_BYTES);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const int nsm = gridDim.x;
 
@@ -1707,7 +1798,7 @@ __device__ void stream_body(const StreamParams& P) {
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
     __syncthreads();
     if (warp == SS_NW) {
-        ss_produce<NCH, CU4>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w);
+        ss_produce<NCH, CU4>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w, sring);
         return;
     }
 
@@ -1783,7 +1874,12 @@ __device__ void stream_body(const StreamParams& P) {
         }
 #else
         if (kind == STEP_GEMV) {
-            ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr);
+            if (FMT == SS_FMT_W16 && op.g.int4 == SS_W_INT8)
+                ss_gemv<NCH, FMT == SS_FMT_W16 ? SS_FMT_I8 : FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold,
+                                                                   stamps, P.x_floats, tl, nullptr, nullptr,
+                                                                   STEP_GEMV, sring);
+            else
+                ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr);
         }
 #endif
         else if (kind == STEP_ATTN) {

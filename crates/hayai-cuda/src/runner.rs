@@ -424,6 +424,7 @@ impl CudaRunner {
                 opts.uses_int8_activations(),
                 max_cols,
                 auto,
+                opts.lm_head_int8,
             )?)
         } else {
             None
@@ -1109,7 +1110,7 @@ mod tests {
         assert_eq!(gemv_smem(10240, false, false), 40960);
         assert_eq!(std::mem::size_of::<AttnParams>(), 184);
         assert_eq!(std::mem::size_of::<StepParams>(), 40);
-        assert_eq!(std::mem::size_of::<StreamParams>(), 88);
+        assert_eq!(std::mem::size_of::<StreamParams>(), 112);
         assert_eq!(std::mem::size_of::<crate::stream_layout::SmShare>(), 36);
         assert_eq!(std::mem::size_of::<ArgmaxParams>(), 64);
         assert_eq!(std::mem::size_of::<PleParams>(), 72);

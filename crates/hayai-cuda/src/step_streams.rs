@@ -153,13 +153,17 @@ pub fn splits_cap(label: &str) -> usize {
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them
 /// must take one cell format: int4 needs every width a multiple of 128 (else a clear error).
 /// `form`: how each per-layer-embedding gate and projection are laid out ([`PleForm`]; column
-/// cells, which the fused and split forms take, are int4 only).
+/// cells, which the fused and split forms take, are int4 only). `head_int8`: the output head as
+/// these int8 blocks instead (int8 cells in a bf16 stream, [`CudaOptions::lm_head_int8`]).
+///
+/// [`CudaOptions::lm_head_int8`]: crate::CudaOptions::lm_head_int8
 pub fn step_streams(
     model: &Model,
     quant: Quant,
     n_sm: usize,
     warps: usize,
     form: PleForm,
+    head_int8: Option<&crate::quant::Int8Matrix>,
 ) -> Result<StepStreams, CudaError> {
     let mats = step_mats(model, quant, form)?;
     let ple_fused = form == PleForm::Fused;
@@ -169,6 +173,9 @@ pub fn step_streams(
             let (gate, proj) = (*label == "gemv.ple_gate", *label == "gemv.ple_proj");
             let columns = (ple_fused && proj) || *label == "gemv.ple_gate_cols";
             let weights = match m {
+                _ if *label == "gemv.lm_head" && head_int8.is_some() => {
+                    Weights::Int8(head_int8.expect("checked"))
+                }
                 HostMat::Int4(q) if columns => Weights::Int4Columns(q),
                 HostMat::Int4(q) => Weights::Int4(q),
                 HostMat::Bf16 { rows, cols, bits } => Weights::Bf16 {
@@ -234,7 +241,7 @@ mod tests {
             (Quant::Bf16, PleForm::Apart),
         ] {
             let (fused, split) = (form == PleForm::Fused, form == PleForm::Split);
-            let st = step_streams(&model, quant, 13, 12, form).unwrap();
+            let st = step_streams(&model, quant, 13, 12, form, None).unwrap();
             // The model's own matrices, fused the way each operation's rows are.
             let mut want: Vec<(&str, Vec<f32>)> = Vec::new();
             let mut check = |label: &'static str, y: Vec<f32>| want.push((label, y));
@@ -334,7 +341,7 @@ mod tests {
             p.dim = 64;
         }
         let model = random_model_bf16(&spec, 6);
-        let err = step_streams(&model, Quant::Int4, 13, 12, PleForm::Apart)
+        let err = step_streams(&model, Quant::Int4, 13, 12, PleForm::Apart, None)
             .err()
             .expect("an error");
         assert!(err.to_string().contains("cell format"), "{err}");

@@ -23,6 +23,12 @@ pub const COL_CELL_COLS: usize = 16;
 /// An SM's stream starts on a multiple of this many cells: 128-byte aligned for both formats
 /// (bulk copies from unaligned sources stream ~20% slower, proto/stream_rate.cu).
 pub const ALIGN_CELLS: usize = 8;
+/// Cells per ring chunk of the streamed step (kernels/stream_step.cu `SS_CH`): the producer
+/// copies a chunk's int8 scales with its cells.
+pub const CHUNK_CELLS: usize = 16;
+/// Scale bytes per int8 cell in [`Streams::scale_bytes`]: 8 entries of 16 bytes, entry g the f16
+/// scales of the cell's 4 column blocks for row g, then for row g + 8 (lane (g, c)'s 16 bytes).
+pub const SCALE_CELL_BYTES: usize = 128;
 
 /// How a cell stores its 16 rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,10 +47,10 @@ pub enum CellFormat {
     /// 16 x 128 int8 (2,048 bytes, a bf16 cell's size, so both kinds share a ring): lane
     /// (g, c) loads 16 bytes at [t * 32 + lane], t = 0..3, word j of which holds columns
     /// 32 t + 16 (j / 2) + 4 c .. + 3 of row g + 8 (j % 2); column block t of the cell is one
-    /// block of 32 of the matrix's f16 scales, which stay outside the stream
-    /// ([`Streams::scales`]). Provisional: no kernel reads it yet; each lane here needs 8
-    /// scales a cell (two rows x four blocks), where a lane order giving each lane one block
-    /// of a cell (rotated by lane so x's reads stay conflict-free) would need 2.
+    /// block of 32 of the matrix's f16 scales, which go in a stream of their own beside the
+    /// cells ([`Streams::scale_bytes`], [`SCALE_CELL_BYTES`] a cell: what lane (g, c) needs of
+    /// a cell is one 16-byte load). A quarter warp's x reads (4 c floats apart) stay
+    /// conflict-free in this order.
     Int8,
 }
 
@@ -237,9 +243,14 @@ pub struct Streams {
     /// cells between streams are zero).
     pub bytes: Vec<u8>,
     pub sm_base: Vec<usize>,
-    /// Per operation, an int8 one's f16 scales (`[rows][k / 32]`, read beside the stream); empty
-    /// for the others.
-    pub scales: Vec<Vec<u16>>,
+    /// The int8 cells' scales ([`SCALE_CELL_BYTES`] a cell), per SM from the first chunk
+    /// ([`CHUNK_CELLS`]) that holds an int8 cell to the end of its stream (so a chunk's scales
+    /// are one copy; cells of other formats in those chunks get zeros). Empty without int8 cells.
+    pub scale_bytes: Vec<u8>,
+    /// Per SM: the first chunk with scales (`u32::MAX`: none) and where its scales start in
+    /// `scale_bytes` (in 16-byte units).
+    pub sc_from: Vec<u32>,
+    pub sc_base: Vec<u64>,
 }
 
 /// Builds every SM's stream for `ops` (one cell format for all of them) on `n_sm` SMs with
@@ -360,13 +371,7 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                 );
             }
         });
-    let scales = ops
-        .iter()
-        .map(|op| match op.weights {
-            Weights::Int8(m) => m.scales.clone(),
-            _ => Vec::new(),
-        })
-        .collect();
+    let (scale_bytes, sc_from, sc_base) = scale_stream(ops, &orders);
     Ok(Streams {
         format,
         n_sm,
@@ -374,8 +379,49 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
         ops: plans,
         bytes,
         sm_base,
-        scales,
+        scale_bytes,
+        sc_from,
+        sc_base,
     })
+}
+
+/// The int8 cells' scale stream of [`Streams::scale_bytes`] from each SM's cell order (operation,
+/// tile, group), with each SM's first chunk holding scales and its offset in 16-byte units.
+fn scale_stream(
+    ops: &[StreamOp],
+    orders: &[Vec<(usize, usize, usize)>],
+) -> (Vec<u8>, Vec<u32>, Vec<u64>) {
+    let is_int8 = |o: usize| matches!(ops[o].weights, Weights::Int8(_));
+    let mut bytes = Vec::new();
+    let (mut from, mut base) = (Vec::new(), Vec::new());
+    for order in orders {
+        let Some(first) = order.iter().position(|&(o, _, _)| is_int8(o)) else {
+            from.push(u32::MAX);
+            base.push(0);
+            continue;
+        };
+        let c0 = first / CHUNK_CELLS;
+        from.push(c0 as u32);
+        base.push((bytes.len() / 16) as u64);
+        for &(o, tile, group) in &order[c0 * CHUNK_CELLS..] {
+            let mut cell = [0u8; SCALE_CELL_BYTES];
+            if let Weights::Int8(m) = ops[o].weights {
+                let blocks = m.cols / 32;
+                for g in 0..8 {
+                    for (half, rr) in [g, g + 8].into_iter().enumerate() {
+                        let row = tile * CELL_ROWS + rr;
+                        for t in 0..4 {
+                            let v = m.scales[row * blocks + group * 4 + t];
+                            let at = g * 16 + half * 8 + t * 2;
+                            cell[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                }
+            }
+            bytes.extend_from_slice(&cell);
+        }
+    }
+    (bytes, from, base)
 }
 
 /// The SMs `prev` leaves without units, if dealing `plan` over them alone costs no SM a second
@@ -639,13 +685,19 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
                     let xg = &x[(slice * gu + g) * cols..][..cols];
                     let mut rows = decode_cell(plan.format, bytes);
                     if plan.format == CellFormat::Int8 {
-                        // Each 32-column block times its row's scale, from beside the stream.
-                        let (sc, blocks) = (&st.scales[op], plan.k / 32);
+                        // Each 32-column block times its row's scale, from the scale stream where
+                        // the producer's copy puts it beside the cell.
+                        let c0 = st.sc_from[s] as usize * CHUNK_CELLS;
+                        let local = pos - st.sm_base[s];
+                        assert!(local >= c0, "an int8 cell before its SM's scales");
+                        let at = st.sc_base[s] as usize * 16 + (local - c0) * SCALE_CELL_BYTES;
+                        let sc = &st.scale_bytes[at..at + SCALE_CELL_BYTES];
                         for (rr, vals) in rows.iter_mut().enumerate() {
-                            let row = tile * CELL_ROWS + rr;
+                            let e = (rr % 8) * 16 + (rr / 8) * 8;
                             for (k, v) in vals.iter_mut().enumerate() {
-                                let b = (slice * gu + g) * 4 + k / 32;
-                                *v *= half::f16::from_bits(sc[row * blocks + b]).to_f32();
+                                let b = e + (k / 32) * 2;
+                                let bits = u16::from_le_bytes([sc[b], sc[b + 1]]);
+                                *v *= half::f16::from_bits(bits).to_f32();
                             }
                         }
                     }
@@ -1084,8 +1136,11 @@ mod tests {
                     assert_eq!(st.ops[1].format, CellFormat::Int8);
                     assert_eq!(st.ops[1].groups, cols / 128);
                     assert!(!whole || st.ops[1].splits == 1);
-                    assert_eq!(st.scales[1], m8.scales);
-                    assert!(st.scales[0].is_empty());
+                    // Every SM with int8 cells has their scales from a chunk boundary on.
+                    for sm in 0..n_sm {
+                        let has = st.sm_shares(sm)[1].units > 0;
+                        assert_eq!(st.sc_from[sm] != u32::MAX, has, "SM {sm}");
+                    }
                     let w0 = Matrix::from_bf16_bits(96, 512, bf.clone());
                     assert!(close(&walk(&st, 0, &input(512)), &gemv(&w0, &input(512))));
                     let x = input(cols);

@@ -114,12 +114,24 @@ fn with_int8_head(mut m: hayai_model::Model, seed: u64) -> hayai_model::Model {
 fn lm_head_int8_matches_cpu() {
     require_gpu();
     for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
-        let m = with_int8_head(random_model(&small_spec(arch), seed), seed);
-        let o = CudaOptions {
-            lm_head_int8: true,
-            ..opts(Quant::Bf16, false)
-        };
-        assert_parity(&m, &o, 16, 280, 1e-4);
+        // Whole 16-row cells for the streamed step: a vocabulary of 1,024.
+        let mut spec = small_spec(arch);
+        spec.vocab = 1024;
+        let m = with_int8_head(random_model(&spec, seed), seed);
+        // The launch plan (gemv_q8) and the streamed step (int8 cells, graph and eager).
+        for (streamed_step, use_graph) in [
+            (StreamedStep::Off, true),
+            (StreamedStep::On, true),
+            (StreamedStep::On, false),
+        ] {
+            let o = CudaOptions {
+                lm_head_int8: true,
+                streamed_step,
+                use_graph,
+                ..opts(Quant::Bf16, false)
+            };
+            assert_parity(&m, &o, 16, 280, 1e-4);
+        }
     }
 }
 
@@ -178,14 +190,18 @@ fn real_gemma3_270m_head_is_exact_int8() {
 fn real_gemma3_270m_lm_head_int8_matches_cpu() {
     require_gpu();
     let m = real_270m();
-    let o = CudaOptions {
-        lm_head_int8: true,
-        ..opts(Quant::Bf16, false)
-    };
-    let r = parity(&m, &o, &REAL_PROMPT, 256).unwrap();
-    eprintln!("270M int8 head {}", r.line());
-    assert!(r.rel_l2 < 1e-3, "{}", r.line());
-    assert!(r.greedy_identical(), "{}", r.line());
+    for streamed_step in [StreamedStep::Off, StreamedStep::On] {
+        let o = CudaOptions {
+            lm_head_int8: true,
+            streamed_step,
+            batched_prefill: false,
+            ..opts(Quant::Bf16, false)
+        };
+        let r = parity(&m, &o, &REAL_PROMPT, 256).unwrap();
+        eprintln!("270M int8 head ({streamed_step:?}) {}", r.line());
+        assert!(r.rel_l2 < 1e-3, "{}", r.line());
+        assert!(r.greedy_identical(), "{}", r.line());
+    }
 }
 
 /// On a GPU: the real Gemma 3 270M's logits and 256 greedy tokens match the CPU reference.

@@ -720,7 +720,7 @@ pub struct GpuVariantArgs {
     pub gemv_unroll8: bool,
     /// The output head as int8 with an f16 scale per 32 columns, the file's own values, where
     /// the model stores it so (a GGUF's Q8_0 token_embd, as the Gemma 3 270M's); --quant bf16,
-    /// the launch plan only (the streamed step does not take it yet).
+    /// the launch plan or the streamed step.
     #[arg(long)]
     pub lm_head_int8: bool,
     /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel.

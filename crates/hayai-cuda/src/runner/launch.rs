@@ -176,6 +176,11 @@ pub(crate) struct StreamParams {
     pub(crate) attn_min_keys: i32,
     /// The step's position (`step_io[1]`, every attention's `pos`), read once at the start.
     pub(crate) pos: u64,
+    /// The int8 cells' scale stream (stream_layout `Streams::scale_bytes`; 0: none), each SM's
+    /// offset in it in 16-byte units (`[SM]` u64) and its first chunk with scales (`[SM]` u32).
+    pub(crate) sc_stream: u64,
+    pub(crate) sc_base: u64,
+    pub(crate) sc_from: u64,
 }
 /// The streamed step's fused per-layer-embedding operation (kernels/step.cu `PleFusedParams`).
 #[repr(C)]
@@ -249,6 +254,12 @@ pub(crate) const STREAM_CHUNK_BYTES: usize = 16 * 1056;
 /// A ring chunk of bf16 cells (`SS_W16_U4`: 16 cells of 2,048 bytes).
 pub(crate) const STREAM_W16_CHUNK_BYTES: usize = 16 * 2048;
 pub(crate) const STREAM_XF_BYTES: usize = 96 * 16 * 8;
+/// An int8 output head's scales beside a bf16 ring: `SCALE_CELL_BYTES` a cell, a chunk's worth
+/// a ring slot (kernels/stream_step.cu `sring`, after the int8 fragments' area).
+pub(crate) const STREAM_W16_SCALE_CHUNK_BYTES: usize =
+    crate::stream_layout::CHUNK_CELLS * crate::stream_layout::SCALE_CELL_BYTES;
+/// GemvParams.int4 of a streamed GEMV over int8 cells (stream_step.cu `SS_W_INT8`).
+pub(crate) const STREAM_W_INT8: i32 = 8;
 /// Query heads per KV head the streamed step's attention takes (`SSA_MAXR`).
 pub(crate) const STREAM_ATTN_MAX_GROUP: usize = 8;
 

@@ -153,9 +153,9 @@ pub struct CudaOptions {
     /// The output head as int8 with an f16 scale per 32 columns (`gemv_q8`) where the model's
     /// head is exactly so (a GGUF file's Q8_0 `token_embd`: the real Gemma 3 270M's), instead of
     /// rounded to bf16: the file's own values, 178 instead of 335 MB a step on the 270M. With
-    /// `--quant bf16` in the launch plan only (a launch-plan variant: `Auto` keeps the launch
-    /// plan); the batched prefill keeps the bf16 head, as its GEMMs round every weight to bf16.
-    /// Off until measured.
+    /// `--quant bf16`, in the launch plan and the streamed step (int8 cells in the bf16 stream,
+    /// their scales copied beside each ring chunk); the batched prefill keeps the bf16 head, as
+    /// its GEMMs round every weight to bf16. Off until measured.
     pub lm_head_int8: bool,
     /// Batched prefill with each GEMM input split into two bf16 parts (value and remainder):
     /// 16 significant bits per activation (relative error <= 2^-17) at twice the tensor-core
@@ -234,7 +234,6 @@ impl CudaOptions {
                 "--no-tc-kwarps",
             ),
             (self.single_kernel, "--single-kernel"),
-            (self.lm_head_int8, "--lm-head-int8"),
             (self.l2_prefetch != d.l2_prefetch, "--l2-prefetch"),
             (self.l2_prefetch_own, "--l2-prefetch-own"),
             (
@@ -283,10 +282,10 @@ impl CudaOptions {
             if self.quant != Quant::Bf16 {
                 return Some("--lm-head-int8 is for --quant bf16".into());
             }
-            if self.streamed() || self.single_kernel || self.persistent_gemv {
+            if self.single_kernel || self.persistent_gemv {
                 return Some(
-                    "--lm-head-int8 runs in the launch plan's tiled GEMV only: not with \
-                     --streamed-step, --single-kernel or --persistent-gemv"
+                    "--lm-head-int8 runs in the launch plan's tiled GEMV and the streamed step: \
+                     not with --single-kernel or --persistent-gemv"
                         .into(),
                 );
             }
@@ -518,7 +517,7 @@ mod tests {
     }
 
     #[test]
-    fn the_int8_head_is_a_bf16_launch_plan_variant() {
+    fn the_int8_head_is_for_bf16_in_the_launch_plan_and_the_streamed_step() {
         let o = CudaOptions {
             quant: Quant::Bf16,
             lm_head_int8: true,
@@ -526,18 +525,19 @@ mod tests {
             ..CudaOptions::default()
         };
         assert!(o.conflict().is_none());
-        // `Auto` keeps the launch plan for it.
-        assert_eq!(o.launch_plan_variant(), Some("--lm-head-int8"));
+        // Not a launch-plan variant: `Auto` may take the streamed step with it.
+        assert_eq!(o.launch_plan_variant(), None);
+        let streamed = CudaOptions {
+            streamed_step: StreamedStep::On,
+            ..o.clone()
+        };
+        assert!(streamed.conflict().is_none());
         let int4 = CudaOptions {
             quant: Quant::Int4,
             ..o.clone()
         };
         assert!(int4.conflict().unwrap().contains("--quant bf16"));
         for other in [
-            CudaOptions {
-                streamed_step: StreamedStep::On,
-                ..o.clone()
-            },
             CudaOptions {
                 single_kernel: true,
                 ..o.clone()
@@ -547,7 +547,10 @@ mod tests {
                 ..o
             },
         ] {
-            assert!(other.conflict().unwrap().contains("launch plan"));
+            assert!(other
+                .conflict()
+                .unwrap()
+                .contains("not with --single-kernel"));
         }
     }
 }

@@ -32,6 +32,7 @@ fn stream_rings(quant: Quant, int8: bool) -> (&'static [(usize, &'static str)], 
 /// any weight is uploaded (`CudaRunner::new`), so `Auto` falls back to the launch plan cheaply.
 /// `deepest_only` (`Auto`): only the deepest ring, the one measured against the launch plan (a
 /// shallower one, e.g. int4's two chunks on an A10G, has not been; `choose_ring`).
+/// `int8_head`: the output head as int8 cells (bf16 only), each ring slot with its scales beside.
 pub(super) fn stream_config(
     gpu: &Gpu,
     spec: &hayai_model::ModelSpec,
@@ -39,8 +40,21 @@ pub(super) fn stream_config(
     int8_act: bool,
     max_cols: usize,
     deepest_only: bool,
+    int8_head: bool,
 ) -> Result<StepConfig, CudaError> {
     let (rings, chunk) = stream_rings(quant, int8_act);
+    if int8_head && quant != Quant::Bf16 {
+        return Err(CudaError::Unsupported(
+            "streamed step: an int8 output head is for bf16 weights".into(),
+        ));
+    }
+    // A ring slot's scales after everything else (kernels/stream_step.cu `sring`).
+    let chunk = chunk
+        + if int8_head {
+            STREAM_W16_SCALE_CHUNK_BYTES
+        } else {
+            0
+        };
     if !(quant == Quant::Int4 && int8_act) && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1)) {
         return Err(CudaError::Unsupported(
             "streamed step: a build with the fused or split PLE forms has only W4A8 kernels (--quant int4-a8)"
@@ -134,7 +148,24 @@ impl CudaRunner {
                 super::ARGMAX_BLOCKS
             )));
         }
-        let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, form)?;
+        // The int8 output head's blocks again from the model (the device copy is the launch
+        // plan's layout; exactness was checked at load).
+        let head8 = match &self.lm_head_int8 {
+            Some(_) => Some(
+                crate::quant::int8_exact(self.model.weights.lm_head()).ok_or_else(|| {
+                    CudaError::Unsupported("--lm-head-int8: the head is not int8 blocks".into())
+                })?,
+            ),
+            None => None,
+        };
+        let st = step_streams(
+            &self.model,
+            self.quant,
+            grid,
+            STREAM_WARPS,
+            form,
+            head8.as_ref(),
+        )?;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = self
             .plan
@@ -215,6 +246,23 @@ impl CudaRunner {
         let base = self.gpu.upload(&sm_base)?;
         let cells = self.gpu.upload(&sm_cells)?;
         let shares = self.gpu.upload(&shares)?;
+        // The int8 head's scales (none: null pointers, the kernel copies none).
+        let sc = if streams.scale_bytes.is_empty() {
+            None
+        } else {
+            Some((
+                self.gpu.upload(&streams.scale_bytes)?,
+                self.gpu.upload(&streams.sc_base[..grid])?,
+                self.gpu.upload(&streams.sc_from[..grid])?,
+            ))
+        };
+        let sc_ptr = |i: usize| {
+            sc.as_ref().map_or(0, |s| match i {
+                0 => s.0.ptr(),
+                1 => s.1.ptr(),
+                _ => s.2.ptr(),
+            })
+        };
         // [2][n]: each operation's SM count, then each attention's ranges-stored count.
         let done = self.gpu.alloc(2 * n * 4)?;
         // The per-operation stamps, then (SS_TIMELINE builds) every SM's per-operation stamps and
@@ -240,6 +288,9 @@ impl CudaRunner {
             attn_tk: env_i32("HAYAI_STREAM_ATTN_TK").unwrap_or(0),
             attn_min_keys: env_i32("HAYAI_STREAM_ATTN_MIN_KEYS").unwrap_or(STREAM_ATTN_MIN_KEYS),
             pos,
+            sc_stream: sc_ptr(0),
+            sc_base: sc_ptr(1),
+            sc_from: sc_ptr(2),
         };
         let launch = |p: &StreamParams| {
             Launch::new(
@@ -268,6 +319,8 @@ impl CudaRunner {
         self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
         self.step_bufs.extend(accs.map(|(b, _)| b));
         self.step_bufs.extend(split_mem.into_iter().flatten());
+        self.step_bufs
+            .extend(sc.into_iter().flat_map(|(a, b, c)| [a, b, c]));
         Ok(l)
     }
 
@@ -640,7 +693,7 @@ fn stream_records(
     let mut pos = None;
     for &(kernel, label, words) in ops {
         let kind: i32 = match kernel {
-            "gemv" => 0,
+            "gemv" | "gemv_q8" => 0,
             "attn_split" => 1,
             "ple_combine" => 2,
             "argmax_stage1" => 3,
@@ -684,6 +737,18 @@ fn stream_records(
             }
             if fused_gate {
                 g.splits = plan.splits as i32;
+                write_param(&mut words, 0, &g);
+            }
+            // The int8 output head: int8 cells in the stream, marked for the kernel
+            // (stream_step.cu SS_W_INT8), and only those.
+            if (kernel == "gemv_q8") != (plan.format == CellFormat::Int8) {
+                return Err(err(format!(
+                    "GEMV {gi} ({label}): kernel {kernel} over {:?} cells",
+                    plan.format
+                )));
+            }
+            if plan.format == CellFormat::Int8 {
+                g.int4 = STREAM_W_INT8;
                 write_param(&mut words, 0, &g);
             }
             ordinal = gi as i32;
