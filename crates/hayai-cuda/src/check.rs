@@ -132,10 +132,13 @@ pub fn reference_model(model: &Model, quant: Quant) -> Model {
 }
 
 /// The CPU reference model of the decode step `opts` runs: [`reference_model`], with the exact
-/// int8 output head where [`CudaOptions::lm_head_int8`] asks for it (and the head has one; the
-/// GPU runner refuses it otherwise).
+/// int8 output head where [`CudaOptions::lm_head`] takes one (`LmHead::int8_blocks`, as the GPU
+/// runner decides; where `Int8` finds none the runner refuses).
 pub fn decode_reference_model(model: &Model, opts: &CudaOptions) -> Model {
-    if opts.lm_head_int8 {
+    if let Ok(Some(_)) = opts
+        .lm_head
+        .int8_blocks(opts.quant, model.weights.lm_head())
+    {
         if let Some(m) = crate::quant::round_model_bf16_int8_head(model) {
             return m;
         }

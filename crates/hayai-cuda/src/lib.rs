@@ -17,7 +17,8 @@ pub use bench::{bench_engine, BenchOptions, BenchReport, KernelTime};
 pub use quant::{quantize_model_int4, round_model_bf16};
 pub use runner::OpTime;
 pub use runner::{
-    check_supported, load_runner, CudaOptions, CudaRunner, Quant, StreamedStep, PREFILL_CHUNK,
+    check_supported, load_runner, CudaOptions, CudaRunner, LmHead, Quant, StreamedStep,
+    PREFILL_CHUNK,
 };
 
 use thiserror::Error;

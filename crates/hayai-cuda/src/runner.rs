@@ -26,7 +26,7 @@ mod stream;
 use launch::*;
 pub(crate) use launch::{BwParams, Launch};
 pub use opbench::OpTime;
-pub use options::{CudaOptions, Quant, StreamedStep, RING_SLACK};
+pub use options::{CudaOptions, LmHead, Quant, StreamedStep, RING_SLACK};
 pub use prefill::PREFILL_CHUNK;
 use shapes::*;
 pub(crate) use stream::{ple_fused_wanted, ple_split_wanted};
@@ -299,7 +299,7 @@ pub struct CudaRunner {
     layers: Vec<DevLayer>,
     embed: DevBuf,
     lm_head: DevMat,
-    /// The output head as int8 with f16 scales per 32 columns ([`CudaOptions::lm_head_int8`]:
+    /// The output head as int8 with f16 scales per 32 columns ([`CudaOptions::lm_head`]:
     /// `w` the int8 values, `scales` the f16 bits), which the decode step's lm_head GEMV takes
     /// instead of `lm_head` (the prefill's GEMM keeps that).
     lm_head_int8: Option<DevMat>,
@@ -399,9 +399,30 @@ impl CudaRunner {
     }
 
     /// `auto`: the streamed step asked for by `Auto` (its deepest ring only: `stream_config`).
-    fn build(model: Arc<Model>, opts: CudaOptions, auto: bool) -> Result<CudaRunner, CudaError> {
+    fn build(
+        model: Arc<Model>,
+        mut opts: CudaOptions,
+        auto: bool,
+    ) -> Result<CudaRunner, CudaError> {
         let spec = &model.spec;
         spec.validate().map_err(ModelError::Config)?;
+        // The output head's int8 blocks where asked for (or, `Auto`, where the model has them),
+        // decided before the streamed step's shared memory is (its scale ring).
+        let head8 = opts
+            .lm_head
+            .int8_blocks(opts.quant, model.weights.lm_head())?;
+        if head8.is_some() && (opts.single_kernel || opts.persistent_gemv) {
+            return Err(CudaError::Unsupported(
+                "this model's output head is int8 (the file's Q8_0), which the single-kernel step \
+                 and the persistent GEMV do not take: add --lm-head quant for its bf16 rounding"
+                    .into(),
+            ));
+        }
+        opts.lm_head = if head8.is_some() {
+            LmHead::Int8
+        } else {
+            LmHead::Quant
+        };
         check_supported(spec)?;
         if let Some(c) = opts.conflict() {
             return Err(CudaError::Unsupported(c));
@@ -424,7 +445,7 @@ impl CudaRunner {
                 opts.uses_int8_activations(),
                 max_cols,
                 auto,
-                opts.lm_head_int8,
+                head8.is_some(),
             )?)
         } else {
             None
@@ -512,14 +533,7 @@ impl CudaRunner {
             (None, Quant::Int4) => upload_mats(&gpu, &[&w.embed], false, q, oct)?,
             (Some(h), _) => upload_mats(&gpu, &[h], false, q, oct)?,
         };
-        let lm_head_int8 = if opts.lm_head_int8 {
-            let m = crate::quant::int8_exact(w.lm_head()).ok_or_else(|| {
-                CudaError::Unsupported(
-                    "--lm-head-int8: the model's output head is not int8 blocks of 32 with f16 \
-                     scales exactly (a GGUF file's Q8_0 tensor is)"
-                        .into(),
-                )
-            })?;
+        let lm_head_int8 = if let Some(m) = head8 {
             let bytes = m.n_bytes();
             let q: Vec<u8> = m.q.iter().map(|&v| v as u8).collect();
             let qb = gpu.upload(&q)?;
@@ -662,11 +676,16 @@ impl CudaRunner {
             max_context: max_ctx,
             eos_token_ids: spec.eos_token_ids.clone(),
             backend: format!(
-                "cuda:{} ({}{})",
+                "cuda:{} ({}{}{})",
                 gpu.name,
                 q.name(),
                 if opts.streamed() {
                     ", streamed step"
+                } else {
+                    ""
+                },
+                if lm_head_int8.is_some() {
+                    ", int8 output head"
                 } else {
                     ""
                 }

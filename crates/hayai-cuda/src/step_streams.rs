@@ -154,9 +154,9 @@ pub fn splits_cap(label: &str) -> usize {
 /// must take one cell format: int4 needs every width a multiple of 128 (else a clear error).
 /// `form`: how each per-layer-embedding gate and projection are laid out ([`PleForm`]; column
 /// cells, which the fused and split forms take, are int4 only). `head_int8`: the output head as
-/// these int8 blocks instead (int8 cells in a bf16 stream, [`CudaOptions::lm_head_int8`]).
+/// these int8 blocks instead (int8 cells in a bf16 stream, [`CudaOptions::lm_head`]).
 ///
-/// [`CudaOptions::lm_head_int8`]: crate::CudaOptions::lm_head_int8
+/// [`CudaOptions::lm_head`]: crate::CudaOptions::lm_head
 pub fn step_streams(
     model: &Model,
     quant: Quant,

@@ -4,7 +4,7 @@
 
 use hayai_cuda::check::{graph_matches_eager, parity};
 use hayai_cuda::synth::{random_model_bf16, small_spec};
-use hayai_cuda::{CudaOptions, Quant, StreamedStep};
+use hayai_cuda::{CudaOptions, LmHead, Quant, StreamedStep};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
 
@@ -107,8 +107,9 @@ fn with_int8_head(mut m: hayai_model::Model, seed: u64) -> hayai_model::Model {
     m
 }
 
-/// On a GPU: the output head as int8 blocks (`lm_head_int8`, `gemv_q8`) against the CPU
-/// reference with that head at its exact values (the rest bf16), both architectures.
+/// On a GPU: the output head as int8 blocks (`LmHead::Int8`: `gemv_q8` in the launch plan, int8
+/// cells in the streamed step) against the CPU reference with that head at its exact values (the
+/// rest bf16), both architectures.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn lm_head_int8_matches_cpu() {
@@ -125,7 +126,7 @@ fn lm_head_int8_matches_cpu() {
             (StreamedStep::On, false),
         ] {
             let o = CudaOptions {
-                lm_head_int8: true,
+                lm_head: LmHead::Int8,
                 streamed_step,
                 use_graph,
                 ..opts(Quant::Bf16, false)
@@ -183,8 +184,9 @@ fn real_gemma3_270m_head_is_exact_int8() {
     assert_eq!(e.n_bytes(), 262_144 * 640 + 262_144 * 20 * 2);
 }
 
-/// On a GPU: the real Gemma 3 270M with its Q8_0 head as int8 (`lm_head_int8`): logits and 256
-/// greedy tokens against the CPU reference with that head exact.
+/// On a GPU: the real Gemma 3 270M with its Q8_0 head as int8 (`LmHead::Int8`, the launch plan
+/// and the streamed step): logits and 256 greedy tokens against the CPU reference with that head
+/// exact; `LmHead::Auto` takes it (the hayai commands' default) and says so.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn real_gemma3_270m_lm_head_int8_matches_cpu() {
@@ -192,7 +194,7 @@ fn real_gemma3_270m_lm_head_int8_matches_cpu() {
     let m = real_270m();
     for streamed_step in [StreamedStep::Off, StreamedStep::On] {
         let o = CudaOptions {
-            lm_head_int8: true,
+            lm_head: LmHead::Int8,
             streamed_step,
             batched_prefill: false,
             ..opts(Quant::Bf16, false)
@@ -202,6 +204,31 @@ fn real_gemma3_270m_lm_head_int8_matches_cpu() {
         assert!(r.rel_l2 < 1e-3, "{}", r.line());
         assert!(r.greedy_identical(), "{}", r.line());
     }
+    use hayai_model::Runner;
+    let m = std::sync::Arc::new(m);
+    let auto = |lm_head, single_kernel| CudaOptions {
+        lm_head,
+        single_kernel,
+        streamed_step: StreamedStep::Auto,
+        ..opts(Quant::Bf16, false)
+    };
+    let r = hayai_cuda::CudaRunner::new(m.clone(), auto(LmHead::Auto, false)).unwrap();
+    assert_eq!(r.options().lm_head, LmHead::Int8);
+    assert!(r.options().streamed());
+    assert!(
+        r.info().backend.contains("int8 output head"),
+        "{}",
+        r.info().backend
+    );
+    drop(r);
+    // A step without an int8 head refuses the Auto choice rather than round it to bf16 quietly.
+    let e = hayai_cuda::CudaRunner::new(m.clone(), auto(LmHead::Auto, true))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("--lm-head quant"), "{e}");
+    let r = hayai_cuda::CudaRunner::new(m, auto(LmHead::Quant, true)).unwrap();
+    assert_eq!(r.options().lm_head, LmHead::Quant);
 }
 
 /// On a GPU: the real Gemma 3 270M's logits and 256 greedy tokens match the CPU reference.

@@ -25,6 +25,18 @@ pub enum Device {
     Cpu,
 }
 
+/// The decode step's output head on the CUDA backend (`hayai_cuda::LmHead`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LmHeadArg {
+    /// int8 where the model stores its head as Q8_0 exactly and --quant is bf16 (the file's own
+    /// values, half the bytes of bf16), else as the weights.
+    Auto,
+    /// int8 blocks with f16 scales (GGML's Q8_0); an error where the head is not exactly so.
+    Int8,
+    /// In the weights' format (--quant): the head rounded to bf16, or int4.
+    Quant,
+}
+
 /// How the CUDA backend feeds a prompt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Prefill {
@@ -258,8 +270,25 @@ pub fn cpu_runner(model: Arc<Model>, args: &ModelArgs) -> Result<CpuRunner> {
     };
     let model = match args.quant {
         Quant::Native => model,
-        Quant::Bf16 => Arc::new(crate::setup::round_model_bf16(&model)),
-        Quant::Int4 | Quant::Int4A8 => Arc::new(crate::setup::quantize_model_int4(&model)),
+        // The GPU's bf16 twin: with the head's exact int8 blocks where `--lm-head` takes them
+        // (`auto`: where the file stores them), as the CUDA backend decides.
+        Quant::Bf16 => {
+            let head = args
+                .variant
+                .lm_head()
+                .int8_blocks(hayai_cuda::Quant::Bf16, model.weights.lm_head())?;
+            let mut m = crate::setup::round_model_bf16(&model);
+            if let Some(h) = head {
+                m.weights.lm_head = Some(h.dequantize());
+            }
+            Arc::new(m)
+        }
+        Quant::Int4 | Quant::Int4A8 => {
+            if args.variant.lm_head == LmHeadArg::Int8 {
+                bail!("--lm-head int8 is for --quant bf16");
+            }
+            Arc::new(crate::setup::quantize_model_int4(&model))
+        }
     };
     let mut r = CpuRunner::new(model)?;
     r.set_matmul_inputs(inputs);
@@ -718,11 +747,11 @@ pub struct GpuVariantArgs {
     /// Tiled GEMV with 8 loads in flight per lane.
     #[arg(long)]
     pub gemv_unroll8: bool,
-    /// The output head as int8 with an f16 scale per 32 columns, the file's own values, where
-    /// the model stores it so (a GGUF's Q8_0 token_embd, as the Gemma 3 270M's); --quant bf16,
-    /// the launch plan or the streamed step.
-    #[arg(long)]
-    pub lm_head_int8: bool,
+    /// The output head: int8 with an f16 scale per 32 columns, the file's own values, where the
+    /// model stores it so (a GGUF's Q8_0 token_embd, as the Gemma 3 270M's) and --quant is bf16
+    /// (auto); always (int8: an error where it cannot); or as the weights (quant).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub lm_head: LmHeadArg,
     /// Decode attention pulls its first K/V tile into L2 before waiting for the previous kernel.
     #[arg(long)]
     pub attn_prefetch: bool,
@@ -807,9 +836,24 @@ impl GpuVariantArgs {
         <Only as clap::Parser>::parse_from(["hayai"]).v
     }
 
-    /// The variants select CUDA kernels: on the CPU backend anything but the defaults is an error.
+    /// The output head these arguments ask for.
+    pub fn lm_head(&self) -> hayai_cuda::LmHead {
+        match self.lm_head {
+            LmHeadArg::Auto => hayai_cuda::LmHead::Auto,
+            LmHeadArg::Int8 => hayai_cuda::LmHead::Int8,
+            LmHeadArg::Quant => hayai_cuda::LmHead::Quant,
+        }
+    }
+
+    /// The variants select CUDA kernels: on the CPU backend anything but the defaults is an error
+    /// (`--lm-head` is the model's arithmetic, which the CPU reference takes too: `cpu_runner`).
     pub fn require_default_on_cpu(&self) -> Result<()> {
-        if *self != GpuVariantArgs::defaults() {
+        let d = GpuVariantArgs::defaults();
+        if (GpuVariantArgs {
+            lm_head: d.lm_head,
+            ..*self
+        }) != d
+        {
             bail!(
                 "decode-kernel variants (--streamed-step, --no-pdl, --persistent-gemv, --no-tc-gemv, ...) apply to the CUDA backend only (use --device cuda on a machine with a GPU)"
             );
@@ -824,7 +868,7 @@ impl GpuVariantArgs {
             persistent_gemv: self.persistent_gemv,
             fuse_ple: self.fuse_ple,
             gemv_unroll8: self.gemv_unroll8,
-            lm_head_int8: self.lm_head_int8,
+            lm_head: self.lm_head(),
             attn_prefetch: self.attn_prefetch,
             single_kernel: self.single_kernel,
             streamed_step: if self.streamed_step {
@@ -865,7 +909,6 @@ impl GpuVariantArgs {
             (self.persistent_gemv, "--persistent-gemv"),
             (self.fuse_ple, "--fuse-ple"),
             (self.gemv_unroll8, "--gemv-unroll8"),
-            (self.lm_head_int8, "--lm-head-int8"),
             (self.attn_prefetch, "--attn-prefetch"),
             (self.single_kernel, "--single-kernel"),
             (self.streamed_step, "--streamed-step"),
@@ -895,6 +938,10 @@ impl GpuVariantArgs {
             if n != dn {
                 v.extend([name.to_string(), n.to_string()]);
             }
+        }
+        if self.lm_head != d.lm_head {
+            let name = self.lm_head.to_possible_value().expect("a named value");
+            v.extend(["--lm-head".to_string(), name.get_name().to_string()]);
         }
         if let Some(n) = self.max_context {
             v.extend(["--max-context".to_string(), n.to_string()]);

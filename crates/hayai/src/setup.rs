@@ -154,7 +154,7 @@ pub fn bench_engine(
                     "tok_s": r.tok_s, "runs_tok_s": r.runs_tok_s, "ms_per_token": r.ms_per_token,
                     "kernels_per_step": r.kernels_per_step,
                     "pdl": r.pdl, "persistent_gemv": r.cuda.persistent_gemv, "fuse_ple": r.cuda.fuse_ple,
-                    "gemv_unroll8": r.cuda.gemv_unroll8, "attn_prefetch": r.cuda.attn_prefetch, "lm_head_int8": r.cuda.lm_head_int8,
+                    "gemv_unroll8": r.cuda.gemv_unroll8, "attn_prefetch": r.cuda.attn_prefetch, "lm_head": if r.cuda.lm_head == hayai_cuda::LmHead::Int8 { "int8" } else { "quant" },
                     "single_kernel": r.cuda.single_kernel, "streamed_step": r.cuda.streamed(), "launch_plan_reason": r.launch_plan_reason, "attn_smem_tile": r.cuda.attn_smem_tile,
                     "int8_activations": r.cuda.int8_activations, "l2_prefetch": r.cuda.l2_prefetch,
                     "tensor_core_gemv": r.cuda.tensor_core_gemv, "gemv": r.cuda.gemv_name(),

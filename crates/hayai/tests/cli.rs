@@ -277,6 +277,16 @@ fn malformed_inputs_fail_clearly() {
     fails_with(&out, "cannot be used with");
     let out = gen1(&["--device", "cpu", "--no-streamed-step"]);
     fails_with(&out, "CUDA backend only");
+    // The output head is the model's arithmetic, which the CPU reference takes too: int8 (this
+    // file's Q8_0 head exactly) with bf16 weights, refused with int4.
+    let out = gen1(&["--device", "cpu", "--quant", "int4", "--lm-head", "int8"]);
+    fails_with(&out, "--lm-head int8 is for --quant bf16");
+    let out = gen1(&["--device", "cpu", "--quant", "bf16", "--lm-head", "int8"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // int4-a8 fixes the CPU's matrix-product inputs.
     // The one-launch PLE pair has no int8 activations (also before any GPU is looked for).
     let out = gen1(&["--device", "cuda", "--quant", "int4-a8", "--fuse-ple"]);

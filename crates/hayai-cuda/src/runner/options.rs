@@ -1,5 +1,7 @@
 //! What a [`super::CudaRunner`] is built with: the weight format and the decode-kernel choices.
 
+use crate::CudaError;
+
 /// Weight format of the projections on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Quant {
@@ -43,6 +45,46 @@ pub enum StreamedStep {
     Auto,
     /// The streamed step, or an error saying why it cannot run here.
     On,
+}
+
+/// The decode step's output head ([`CudaOptions::lm_head`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LmHead {
+    /// In the weights' format (`--quant`): bf16-rounded, or int4.
+    Quant,
+    /// int8 blocks of 32 with f16 scales (GGML's Q8_0), the model's own values where its head
+    /// is exactly so (a GGUF file's Q8_0 `token_embd`: the real Gemma 3 270M's); `--quant bf16`
+    /// only; an error where the head has no such form.
+    Int8,
+    /// [`LmHead::Int8`] where it applies (`--quant bf16` and a head exactly int8), else
+    /// [`LmHead::Quant`]: the file's values where it stores them so. With a step that has no
+    /// int8 head (the single-kernel step, the persistent GEMV) and a head that is int8, an error
+    /// (greedy output must not depend on the step's kind). [`super::CudaRunner::new`] decides;
+    /// [`super::CudaRunner::options`] says how.
+    Auto,
+}
+
+impl LmHead {
+    /// The int8 blocks of `head` this choice takes for `quant` (None: the head in the weights'
+    /// format), or an error where `Int8` is asked of a head without them.
+    pub fn int8_blocks(
+        self,
+        quant: Quant,
+        head: &hayai_model::Matrix,
+    ) -> Result<Option<crate::quant::Int8Matrix>, CudaError> {
+        match self {
+            LmHead::Quant => Ok(None),
+            LmHead::Auto if quant != Quant::Bf16 => Ok(None),
+            LmHead::Auto => Ok(crate::quant::int8_exact(head)),
+            LmHead::Int8 => crate::quant::int8_exact(head).map(Some).ok_or_else(|| {
+                CudaError::Unsupported(
+                    "--lm-head int8: the model's output head is not int8 blocks of 32 with f16 \
+                     scales exactly (a GGUF file's Q8_0 tensor is)"
+                        .into(),
+                )
+            }),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -150,13 +192,16 @@ pub struct CudaOptions {
     /// Feed prompts through the batched tensor-core path (`prefill.rs`) instead of one decode
     /// step per token. Its logits agree with the decode path to bf16 rounding, not bit for bit.
     pub batched_prefill: bool,
-    /// The output head as int8 with an f16 scale per 32 columns (`gemv_q8`) where the model's
-    /// head is exactly so (a GGUF file's Q8_0 `token_embd`: the real Gemma 3 270M's), instead of
-    /// rounded to bf16: the file's own values, 178 instead of 335 MB a step on the 270M. With
-    /// `--quant bf16`, in the launch plan and the streamed step (int8 cells in the bf16 stream,
-    /// their scales copied beside each ring chunk); the batched prefill keeps the bf16 head, as
-    /// its GEMMs round every weight to bf16. Off until measured.
-    pub lm_head_int8: bool,
+    /// The output head ([`LmHead`]). As int8 with an f16 scale per 32 columns where the model's
+    /// head is exactly so (a GGUF file's Q8_0 `token_embd`: the real Gemma 3 270M's) instead of
+    /// rounded to bf16: the file's own values, 178 instead of 335 MB a step on the 270M (real
+    /// 270M, H200: the streamed step 2,116-2,124 -> 2,248-2,253 tok/s, the launch plan 1,609 ->
+    /// 1,635; docs/performance.md, forty-fifth session). With `--quant bf16`, in the launch plan
+    /// (`gemv_q8`) and the streamed step (int8 cells in the bf16 stream, their scales copied
+    /// beside each ring chunk); the batched prefill keeps the bf16 head, as its GEMMs round
+    /// every weight to bf16. The library's default is [`LmHead::Quant`]; the `hayai` commands'
+    /// is [`LmHead::Auto`].
+    pub lm_head: LmHead,
     /// Batched prefill with each GEMM input split into two bf16 parts (value and remainder):
     /// 16 significant bits per activation (relative error <= 2^-17) at twice the tensor-core
     /// work. For checks (its CPU twin is `MatmulInputs::Bf16Pair`); off by default.
@@ -194,7 +239,7 @@ impl Default for CudaOptions {
             l2_prefetch_attn: 0,
             batched_prefill: true,
             precise_prefill: false,
-            lm_head_int8: false,
+            lm_head: LmHead::Quant,
         }
     }
 }
@@ -278,13 +323,13 @@ impl CudaOptions {
     /// form, so with int8 activations those two products would not be what the CPU twin
     /// (`check::decode_matmul_inputs`: int8 for every product) computes.
     pub fn conflict(&self) -> Option<String> {
-        if self.lm_head_int8 {
+        if self.lm_head == LmHead::Int8 {
             if self.quant != Quant::Bf16 {
-                return Some("--lm-head-int8 is for --quant bf16".into());
+                return Some("--lm-head int8 is for --quant bf16".into());
             }
             if self.single_kernel || self.persistent_gemv {
                 return Some(
-                    "--lm-head-int8 runs in the launch plan's tiled GEMV and the streamed step: \
+                    "--lm-head int8 runs in the launch plan's tiled GEMV and the streamed step: \
                      not with --single-kernel or --persistent-gemv"
                         .into(),
                 );
@@ -516,11 +561,40 @@ mod tests {
         }
     }
 
+    /// `LmHead` decides by the head's values: int8 blocks only where every block of 32 is
+    /// exactly `q * d` (an f16 d), `Auto` only with bf16 weights, `Int8` an error otherwise.
+    #[test]
+    fn the_head_is_int8_only_where_its_blocks_are_exact() {
+        let d = half::f16::from_f32(0.01).to_f32();
+        let exact: Vec<f32> = (0..2 * 64)
+            // Each block's largest |q| is 127, as Q8_0's quantization makes it.
+            .map(|i| {
+                if i % 32 == 0 {
+                    127.0 * d
+                } else {
+                    ((i * 37 % 255) as f32 - 127.0) * d
+                }
+            })
+            .collect();
+        let exact = hayai_model::Matrix::from_f32(2, 64, exact);
+        let mut off = exact.to_f32();
+        off[5] += 1e-4;
+        let off = hayai_model::Matrix::from_f32(2, 64, off);
+        let q = |h: LmHead, quant, m| h.int8_blocks(quant, m).map(|b| b.is_some());
+        assert!(q(LmHead::Auto, Quant::Bf16, &exact).unwrap());
+        assert!(q(LmHead::Int8, Quant::Bf16, &exact).unwrap());
+        assert!(!q(LmHead::Auto, Quant::Int4, &exact).unwrap());
+        assert!(!q(LmHead::Quant, Quant::Bf16, &exact).unwrap());
+        assert!(!q(LmHead::Auto, Quant::Bf16, &off).unwrap());
+        let e = q(LmHead::Int8, Quant::Bf16, &off).unwrap_err().to_string();
+        assert!(e.contains("not int8 blocks"), "{e}");
+    }
+
     #[test]
     fn the_int8_head_is_for_bf16_in_the_launch_plan_and_the_streamed_step() {
         let o = CudaOptions {
             quant: Quant::Bf16,
-            lm_head_int8: true,
+            lm_head: LmHead::Int8,
             streamed_step: StreamedStep::Auto,
             ..CudaOptions::default()
         };
@@ -537,6 +611,13 @@ mod tests {
             ..o.clone()
         };
         assert!(int4.conflict().unwrap().contains("--quant bf16"));
+        // Auto decides with the model (`LmHead::int8_blocks`): no conflict of its own.
+        let auto = CudaOptions {
+            lm_head: LmHead::Auto,
+            single_kernel: true,
+            ..int4.clone()
+        };
+        assert!(auto.conflict().is_none());
         for other in [
             CudaOptions {
                 single_kernel: true,

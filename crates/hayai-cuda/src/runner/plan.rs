@@ -173,7 +173,7 @@ impl CudaRunner {
     }
 
     /// A GEMV of int8 weights with f16 scales per 32 columns (`gemv_q8`; the output head of
-    /// [`CudaOptions::lm_head_int8`]), unsplit: the tiled GEMV's rows, prologue and output.
+    /// [`CudaOptions::lm_head`]), unsplit: the tiled GEMV's rows, prologue and output.
     fn gemv_int8(&self, label: &'static str, m: &DevMat, out: u64, p: GemvParams) -> Launch {
         let p = self.gemv_params(m, (out, 0), 1, p);
         let norms = p.res_in != 0 || p.norm_w != 0;
