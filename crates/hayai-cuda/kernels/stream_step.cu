@@ -51,9 +51,10 @@
 #define SS_FMT_W16 1
 #define SS_FMT_W4 2
 // int8 cells (16 x 128, a bf16 cell's 2,048 bytes, stream_layout.rs `CellFormat::Int8`) times
-// float x, with an f16 scale per 32 columns: an output head stored as Q8_0 (the W16 kernels only,
-// an operation whose GemvParams.int4 is SS_W_INT8; --lm-head-int8). The scales come with their
-// chunk into a ring of their own (SS_SC_U4 uint4s a cell, after the int8 fragments' area).
+// float x, with an f16 scale per 32 columns: an output head stored as Q8_0 (the
+// decode_stream_w16q8 kernels only, an operation whose GemvParams.int4 is SS_W_INT8; --lm-head).
+// The scales come with their chunk into a ring of their own (SS_SC_U4 uint4s a cell, after the
+// int8 fragments' area).
 #define SS_FMT_I8 3
 #define SS_W_INT8 8
 #define SS_SC_U4 8
@@ -197,16 +198,17 @@ __device__ __forceinline__ void ss_tl_at(unsigned long long* tl, int i) {
 
 // The producer warp: this SM's `total` cells into the ring chunk by chunk; chunk c goes into slot
 // c % NCH once chunk c - NCH has landed and every consumer warp is done with it.
-template <int NCH, int CU4 = SS_CELL_U4>
+template <int NCH, int CU4 = SS_CELL_U4, bool I8H = false>
 __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t* full, unsigned total,
                            int lane, volatile int* hold, unsigned* landed, const unsigned* wdone,
                            uint4* sring) {
     const uint4* src = P.stream + P.sm_base[blockIdx.x] * CU4;
     const unsigned nch = (total + SS_CH - 1) / SS_CH;
-    // The int8 cells' scales (bf16 streams only): chunks from sc0 on copy theirs too.
+    // The int8 cells' scales (the bf16 kernels with an int8 head only): chunks from sc0 on copy
+    // theirs too.
     unsigned sc0 = 0xffffffffu;
     const uint4* scsrc = nullptr;
-    if constexpr (CU4 == SS_W16_U4) {
+    if constexpr (I8H) {
         if (P.sc_stream) {
             sc0 = P.sc_from[blockIdx.x];
             scsrc = P.sc_stream + P.sc_base[blockIdx.x];
@@ -232,8 +234,9 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
                 const unsigned n16 = ncell * CU4;
                 uint4* dst = (uint4*)ring + slot * SS_CH * CU4;
                 const uint4* from = src + (size_t)issued * SS_CH * CU4;
-                // This chunk's scales (int8 cells): 0 uint4s where it has none.
-                const unsigned s16 = CU4 == SS_W16_U4 && issued >= sc0 ? ncell * SS_SC_U4 : 0u;
+                // This chunk's scales (int8 cells; the I8H kernels only): 0 uint4s where it has
+                // none.
+                const unsigned s16 = I8H && issued >= sc0 ? ncell * SS_SC_U4 : 0u;
                 uint4* sdst = sring + slot * SS_CH * SS_SC_U4;
                 const uint4* sfrom = scsrc + (size_t)(issued - sc0) * SS_CH * SS_SC_U4;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -259,10 +262,13 @@ __device__ void ss_produce(const StreamParams& P, unsigned char* ring, uint64_t*
                     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(ss_smem(dst + i)),
                                  "l"(from + i), "l"(pol_copy)
                                  : "memory");
-                for (unsigned i = lane; i < s16; i += 32)
-                    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(ss_smem(sdst + i)),
-                                 "l"(sfrom + i), "l"(pol_copy)
-                                 : "memory");
+                if constexpr (I8H) {
+                    for (unsigned i = lane; i < s16; i += 32)
+                        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(
+                                         ss_smem(sdst + i)),
+                                     "l"(sfrom + i), "l"(pol_copy)
+                                     : "memory");
+                }
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(ss_smem(&full[slot])) : "memory");
 #endif
                 if (lane == 0) ss_tl_chunk(P, issued, 0);
@@ -1738,8 +1744,11 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
 
 // FMT: ss_gemv's cell format; the fused and split PLE measurement builds are W4A8 only (their
 // column cells and prologues take int8 x).
-template <int NCH, int FMT = SS_FMT_A8>
+// I8H: a bf16 kernel that also runs an int8 output head (SS_W_INT8 operations, the scale ring);
+// the plain bf16 kernels are compiled without it, so their code is the measured one.
+template <int NCH, int FMT = SS_FMT_A8, bool I8H = false>
 __device__ void stream_body(const StreamParams& P) {
+    static_assert(!I8H || FMT == SS_FMT_W16, "an int8 head is for the bf16 kernels");
     constexpr int CU4 = FMT == SS_FMT_W16 ? SS_W16_U4 : SS_CELL_U4;
 #if SS_PLE_FUSED || SS_PLE_SPLIT
     static_assert(FMT == SS_FMT_A8, "the PLE measurement forms are W4A8 only");
@@ -1798,7 +1807,7 @@ __device__ void stream_body(const StreamParams& P) {
     if (tid < STEP_OP_BYTES / 16) op_stage[0][tid] = ((const uint4*)P.ops)[tid];
     __syncthreads();
     if (warp == SS_NW) {
-        ss_produce<NCH, CU4>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w, sring);
+        ss_produce<NCH, CU4, I8H>(P, ring, full, P.sm_cells[blockIdx.x], lane, &hold, &landed_w, wdone_w, sring);
         return;
     }
 
@@ -1874,10 +1883,9 @@ __device__ void stream_body(const StreamParams& P) {
         }
 #else
         if (kind == STEP_GEMV) {
-            if (FMT == SS_FMT_W16 && op.g.int4 == SS_W_INT8)
-                ss_gemv<NCH, FMT == SS_FMT_W16 ? SS_FMT_I8 : FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold,
-                                                                   stamps, P.x_floats, tl, nullptr, nullptr,
-                                                                   STEP_GEMV, sring);
+            if (I8H && op.g.int4 == SS_W_INT8)
+                ss_gemv<NCH, I8H ? SS_FMT_I8 : FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps,
+                                                     P.x_floats, tl, nullptr, nullptr, STEP_GEMV, sring);
             else
                 ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr);
         }
@@ -1924,9 +1932,11 @@ extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_r2(con
 // measurement builds, whose host refuses these streamed steps.)
 #if !SS_PLE_FUSED && !SS_PLE_SPLIT
 #define SS_W16_BODY(n) stream_body<n, SS_FMT_W16>(P)
+#define SS_W16Q8_BODY(n) stream_body<n, SS_FMT_W16, true>(P)
 #define SS_W4_BODY(n) stream_body<n, SS_FMT_W4>(P)
 #else
 #define SS_W16_BODY(n) asm volatile("trap;")
+#define SS_W16Q8_BODY(n) asm volatile("trap;")
 #define SS_W4_BODY(n) asm volatile("trap;")
 #endif
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16_r5(const StreamParams P) {
@@ -1934,6 +1944,14 @@ extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16_r5
 }
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16_r2(const StreamParams P) {
     SS_W16_BODY(2);
+}
+// The same with an int8 output head (--lm-head: int8 cells, their scale ring after the int8
+// fragments' area).
+extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16q8_r5(const StreamParams P) {
+    SS_W16Q8_BODY(5);
+}
+extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16q8_r2(const StreamParams P) {
+    SS_W16Q8_BODY(2);
 }
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w4_r10(const StreamParams P) {
     SS_W4_BODY(10);

@@ -172,6 +172,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("decode_stream_r2", false),
     ("decode_stream_w16_r5", false),
     ("decode_stream_w16_r2", false),
+    ("decode_stream_w16q8_r5", false),
+    ("decode_stream_w16q8_r2", false),
     ("decode_stream_w4_r10", false),
     ("decode_stream_w4_r2", false),
     ("gemv_q8", false),

@@ -11,6 +11,10 @@ use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 const RINGS: [(usize, &str); 2] = [(10, "decode_stream_r10"), (2, "decode_stream_r2")];
 /// The same for bf16 weights (`decode_stream_w16_r{N}`: 32-KB chunks of bf16 cells).
 const RINGS_W16: [(usize, &str); 2] = [(5, "decode_stream_w16_r5"), (2, "decode_stream_w16_r2")];
+/// The same with an int8 output head (`decode_stream_w16q8_r{N}`: the plain bf16 kernels are
+/// compiled without its code, so theirs stays the measured one).
+const RINGS_W16_Q8: [(usize, &str); 2] =
+    [(5, "decode_stream_w16q8_r5"), (2, "decode_stream_w16q8_r2")];
 /// The same for int4 weights times x as a 23-bit fixed point (`decode_stream_w4_r{N}`: int4's
 /// cells and chunks, W4A16).
 const RINGS_W4: [(usize, &str); 2] = [(10, "decode_stream_w4_r10"), (2, "decode_stream_w4_r2")];
@@ -48,13 +52,13 @@ pub(super) fn stream_config(
             "streamed step: an int8 output head is for bf16 weights".into(),
         ));
     }
-    // A ring slot's scales after everything else (kernels/stream_step.cu `sring`).
-    let chunk = chunk
-        + if int8_head {
-            STREAM_W16_SCALE_CHUNK_BYTES
-        } else {
-            0
-        };
+    // Its kernels, and a ring slot's scales after everything else (kernels/stream_step.cu
+    // `sring`).
+    let (rings, chunk) = if int8_head {
+        (&RINGS_W16_Q8[..], chunk + STREAM_W16_SCALE_CHUNK_BYTES)
+    } else {
+        (rings, chunk)
+    };
     if !(quant == Quant::Int4 && int8_act) && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1)) {
         return Err(CudaError::Unsupported(
             "streamed step: a build with the fused or split PLE forms has only W4A8 kernels (--quant int4-a8)"
