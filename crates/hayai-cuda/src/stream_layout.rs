@@ -1110,20 +1110,21 @@ mod tests {
     #[test]
     fn int8_cells_share_a_bf16_stream_and_walk_back_to_the_plain_gemv() {
         let bf = crate::quant::to_bf16_bits(&matrix(96, 512, 5));
+        let bf16_op = StreamOp {
+            weights: Weights::Bf16 {
+                rows: 96,
+                cols: 512,
+                bits: &bf,
+            },
+            whole: false,
+            after_prev: false,
+            max_splits: 0,
+        };
         for whole in [true, false] {
             for (rows, cols) in [(160, 512), (48, 1280)] {
                 let m8 = int8_mat(rows, cols, rows as u64);
                 let ops = [
-                    StreamOp {
-                        weights: Weights::Bf16 {
-                            rows: 96,
-                            cols: 512,
-                            bits: &bf,
-                        },
-                        whole: false,
-                        after_prev: false,
-                        max_splits: 0,
-                    },
+                    bf16_op,
                     StreamOp {
                         weights: Weights::Int8(&m8),
                         whole,
@@ -1156,16 +1157,6 @@ mod tests {
         let first = StreamOp {
             weights: Weights::Int8(&m8),
             whole: true,
-            after_prev: false,
-            max_splits: 0,
-        };
-        let bf16_op = StreamOp {
-            weights: Weights::Bf16 {
-                rows: 96,
-                cols: 512,
-                bits: &bf,
-            },
-            whole: false,
             after_prev: false,
             max_splits: 0,
         };
