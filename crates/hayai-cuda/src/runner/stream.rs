@@ -157,7 +157,7 @@ impl CudaRunner {
         let head8 = match &self.lm_head_int8 {
             Some(_) => Some(
                 crate::quant::int8_exact(self.model.weights.lm_head()).ok_or_else(|| {
-                    CudaError::Unsupported("--lm-head-int8: the head is not int8 blocks".into())
+                    CudaError::Unsupported("--lm-head int8: the head is not int8 blocks".into())
                 })?,
             ),
             None => None,
@@ -260,13 +260,9 @@ impl CudaRunner {
                 self.gpu.upload(&streams.sc_from[..grid])?,
             ))
         };
-        let sc_ptr = |i: usize| {
-            sc.as_ref().map_or(0, |s| match i {
-                0 => s.0.ptr(),
-                1 => s.1.ptr(),
-                _ => s.2.ptr(),
-            })
-        };
+        let (sc_stream, sc_base, sc_from) = sc
+            .as_ref()
+            .map_or((0, 0, 0), |(a, b, c)| (a.ptr(), b.ptr(), c.ptr()));
         // [2][n]: each operation's SM count, then each attention's ranges-stored count.
         let done = self.gpu.alloc(2 * n * 4)?;
         // The per-operation stamps, then (SS_TIMELINE builds) every SM's per-operation stamps and
@@ -292,9 +288,9 @@ impl CudaRunner {
             attn_tk: env_i32("HAYAI_STREAM_ATTN_TK").unwrap_or(0),
             attn_min_keys: env_i32("HAYAI_STREAM_ATTN_MIN_KEYS").unwrap_or(STREAM_ATTN_MIN_KEYS),
             pos,
-            sc_stream: sc_ptr(0),
-            sc_base: sc_ptr(1),
-            sc_from: sc_ptr(2),
+            sc_stream,
+            sc_base,
+            sc_from,
         };
         let launch = |p: &StreamParams| {
             Launch::new(
