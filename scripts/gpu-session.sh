@@ -13,7 +13,8 @@
 #           scripts/gpu-session.sh run [STAGE ...]
 #         STAGES (default: all but pending* and ptx): checks tc fuse single prefill real bench demo ppl
 #         (real: the GPU tests, REAL_FILTER a name filter; bench / demo: the default step and
-#         --no-streamed-step each; bench-real, not by default: the real 270M's bench-engine both ways);
+#         --no-streamed-step each; bench-real, not by default: the real 270M's bench-engine both ways,
+#         and bf16 with its int8 output head against --lm-head quant);
 #         (ppl: the batched prefill's bf16 and int4, then scored one decode step per token: int4
 #         (W4A16) and int4-a8 (W4A8) through the launch plan and the streamed step, bf16 through
 #         the launch plan and the streamed step; ~90 s each);
@@ -390,6 +391,12 @@ run() {
         echo "-- --quant $q $v" | tee -a "$out/session.log"
         timeout 120 .gpu/hayai bench-engine --model "$G" --device cuda --quant "$q" $v --prompt-len 128 --gen 512 2>&1 | grep -E "quant|launch plan|prefill|decode|achieved|kernels" | tee -a "$out/session.log"
       done
+    done
+    # bf16 with the file's int8 output head (the default, --lm-head auto) against its bf16
+    # rounding (--lm-head quant), each step, alternated.
+    for v in "" "--lm-head quant" "" "--lm-head quant" "--no-streamed-step" "--no-streamed-step --lm-head quant"; do
+      echo "-- --quant bf16 ${v:-(--lm-head auto)}" | tee -a "$out/session.log"
+      timeout 120 .gpu/hayai bench-engine --model "$G" --device cuda --quant bf16 $v --prompt-len 128 --gen 512 2>&1 | grep -E "^decode|bytes/token" | tee -a "$out/session.log"
     done
   fi
   # The main job with the default step and with the launch plan.

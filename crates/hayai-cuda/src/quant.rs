@@ -174,6 +174,17 @@ pub fn int8_exact(m: &Matrix) -> Option<Int8Matrix> {
     }
     let (rows, cols) = (m.rows, m.cols);
     let blocks = cols / INT8_BLOCK;
+    // Most heads are not (a bf16 or f32 checkpoint's): the first row says so before the
+    // allocation (E4B's head as int8 is 671 MB).
+    let (mut q0, mut s0) = ([0i8; INT8_BLOCK], 0u16);
+    if rows > 0
+        && !m
+            .row(0)
+            .chunks(INT8_BLOCK)
+            .all(|v| int8_block(v, &mut q0, &mut s0))
+    {
+        return None;
+    }
     let mut q = vec![0i8; rows * cols];
     let mut scales = vec![0u16; rows * blocks];
     let exact = q

@@ -580,12 +580,17 @@ mod tests {
         let mut off = exact.to_f32();
         off[5] += 1e-4;
         let off = hayai_model::Matrix::from_f32(2, 64, off);
+        // Inexact in the last row only (past the first row's early refusal).
+        let mut late = exact.to_f32();
+        late[127] += 1e-4;
+        let late = hayai_model::Matrix::from_f32(2, 64, late);
         let q = |h: LmHead, quant, m| h.int8_blocks(quant, m).map(|b| b.is_some());
         assert!(q(LmHead::Auto, Quant::Bf16, &exact).unwrap());
         assert!(q(LmHead::Int8, Quant::Bf16, &exact).unwrap());
         assert!(!q(LmHead::Auto, Quant::Int4, &exact).unwrap());
         assert!(!q(LmHead::Quant, Quant::Bf16, &exact).unwrap());
         assert!(!q(LmHead::Auto, Quant::Bf16, &off).unwrap());
+        assert!(!q(LmHead::Auto, Quant::Bf16, &late).unwrap());
         let e = q(LmHead::Int8, Quant::Bf16, &off).unwrap_err().to_string();
         assert!(e.contains("not int8 blocks"), "{e}");
     }
