@@ -591,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_a8(const GemvPar
 }
 
 // int8 weights with an f16 scale per 32 columns (GGML's Q8_0 blocks; the output head of a file
-// that stores it so: `CudaOptions::lm_head_int8`). x as gemv_a8's, at the start.
+// that stores it so: `CudaOptions::lm_head`). x as gemv_a8's, at the start.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_q8(const GemvParams p) {
     extern __shared__ float xs[];
     gemv_tiled<GEMV_UNROLL, false, true>(p, xs);
