@@ -135,15 +135,13 @@ pub fn reference_model(model: &Model, quant: Quant) -> Model {
 /// int8 output head where [`CudaOptions::lm_head`] takes one (`LmHead::int8_blocks`, as the GPU
 /// runner decides; where `Int8` finds none the runner refuses).
 pub fn decode_reference_model(model: &Model, opts: &CudaOptions) -> Model {
-    if let Ok(Some(_)) = opts
+    match opts
         .lm_head
         .int8_blocks(opts.quant, model.weights.lm_head())
     {
-        if let Some(m) = crate::quant::round_model_bf16_int8_head(model) {
-            return m;
-        }
+        Ok(Some(head)) => crate::quant::round_model_bf16_int8_head(model, &head),
+        _ => reference_model(model, opts.quant),
     }
-    reference_model(model, opts.quant)
 }
 
 fn all_logits(r: &mut dyn Runner, tokens: &[u32]) -> Result<Vec<Vec<f32>>, CudaError> {

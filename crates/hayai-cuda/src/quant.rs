@@ -227,14 +227,13 @@ fn int8_block(v: &[f32], q: &mut [i8], scale: &mut u16) -> bool {
     })
 }
 
-/// The model as the bf16 GPU plan with an int8 output head sees it ([`round_model_bf16`], with
-/// the output projection untied from the embedding and kept at its exact values): `None` unless
-/// the head has an exact int8 form ([`int8_exact`]).
-pub fn round_model_bf16_int8_head(model: &Model) -> Option<Model> {
-    let head = int8_exact(model.weights.lm_head())?.dequantize();
+/// The model as the bf16 GPU plan with the int8 output head `head` (the model's own, from
+/// [`int8_exact`]) sees it: [`round_model_bf16`], with the output projection untied from the
+/// embedding and kept at its exact values.
+pub fn round_model_bf16_int8_head(model: &Model, head: &Int8Matrix) -> Model {
     let mut m = round_model_bf16(model);
-    m.weights.lm_head = Some(head);
-    Some(m)
+    m.weights.lm_head = Some(head.dequantize());
+    m
 }
 
 /// bf16 bits of every value of `m` (round to nearest even).
@@ -399,11 +398,12 @@ mod tests {
     fn the_int8_head_twin_unties_the_head_and_keeps_it_exact() {
         let spec = hayai_model::random::tiny_spec(hayai_model::spec::Arch::Gemma3);
         let mut model = hayai_model::random::random_model(&spec, 1);
-        assert!(round_model_bf16_int8_head(&model).is_none());
+        assert!(int8_exact(model.weights.lm_head()).is_none());
         let (_, _, head) = q8_matrix(spec.vocab, spec.hidden, 5);
         model.weights.embed = head.clone();
         model.weights.lm_head = None;
-        let twin = round_model_bf16_int8_head(&model).expect("exact head");
+        let blocks = int8_exact(model.weights.lm_head()).expect("exact head");
+        let twin = round_model_bf16_int8_head(&model, &blocks);
         assert_eq!(twin.weights.lm_head().to_f32(), head.to_f32());
         // The embedding (a gather) is the bf16 one, as the GPU reads it.
         assert_eq!(twin.weights.embed.to_f32(), bf16_matrix(&head).to_f32());

@@ -533,10 +533,9 @@ impl CudaRunner {
             (None, Quant::Int4) => upload_mats(&gpu, &[&w.embed], false, q, oct)?,
             (Some(h), _) => upload_mats(&gpu, &[h], false, q, oct)?,
         };
-        let lm_head_int8 = if let Some(m) = head8 {
+        let lm_head_int8 = if let Some(m) = &head8 {
             let bytes = m.n_bytes();
-            let q: Vec<u8> = m.q.iter().map(|&v| v as u8).collect();
-            let qb = gpu.upload(&q)?;
+            let qb = gpu.upload(&m.q)?;
             let sb = gpu.upload(&m.scales)?;
             Some(DevMat {
                 w: qb.ptr(),
@@ -773,7 +772,7 @@ impl CudaRunner {
             PrefetchFrom::Attention,
         );
         if r.opts.streamed() {
-            r.plan = vec![r.stream_launch()?];
+            r.plan = vec![r.stream_launch(head8.as_ref())?];
         } else if r.step_kernel.is_some() {
             r.plan = vec![r.step_launch()?];
         }

@@ -277,11 +277,10 @@ pub fn cpu_runner(model: Arc<Model>, args: &ModelArgs) -> Result<CpuRunner> {
                 .variant
                 .lm_head()
                 .int8_blocks(hayai_cuda::Quant::Bf16, model.weights.lm_head())?;
-            let mut m = crate::setup::round_model_bf16(&model);
-            if let Some(h) = head {
-                m.weights.lm_head = Some(h.dequantize());
-            }
-            Arc::new(m)
+            Arc::new(match head {
+                Some(h) => hayai_cuda::quant::round_model_bf16_int8_head(&model, &h),
+                None => crate::setup::round_model_bf16(&model),
+            })
         }
         Quant::Int4 | Quant::Int4A8 => {
             if args.variant.lm_head == LmHeadArg::Int8 {

@@ -123,7 +123,11 @@ pub(super) fn stream_config(
 impl CudaRunner {
     /// The recorded launch plan as the streamed step's operation list, the per-SM weight
     /// streams built and uploaded, and the one launch that runs it.
-    pub(super) fn stream_launch(&mut self) -> Result<Launch, CudaError> {
+    /// `head8`: the output head's int8 blocks where the runner takes them (its `lm_head_int8`).
+    pub(super) fn stream_launch(
+        &mut self,
+        head8: Option<&crate::quant::Int8Matrix>,
+    ) -> Result<Launch, CudaError> {
         let cfg = self.step_kernel.as_ref().expect("stream config");
         let (kernel, grid, smem, x_floats) = (cfg.kernel, cfg.grid, cfg.smem, cfg.x_floats);
         for (var, define, what) in [PLE_FUSED, PLE_SPLIT] {
@@ -152,24 +156,7 @@ impl CudaRunner {
                 super::ARGMAX_BLOCKS
             )));
         }
-        // The int8 output head's blocks again from the model (the device copy is the launch
-        // plan's layout; exactness was checked at load).
-        let head8 = match &self.lm_head_int8 {
-            Some(_) => Some(
-                crate::quant::int8_exact(self.model.weights.lm_head()).ok_or_else(|| {
-                    CudaError::Unsupported("--lm-head int8: the head is not int8 blocks".into())
-                })?,
-            ),
-            None => None,
-        };
-        let st = step_streams(
-            &self.model,
-            self.quant,
-            grid,
-            STREAM_WARPS,
-            form,
-            head8.as_ref(),
-        )?;
+        let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, form, head8)?;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = self
             .plan
