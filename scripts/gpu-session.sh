@@ -24,7 +24,7 @@
 #         rotate: `gpu_check bench-stream` of the default and of the builds in ROTATE (paths, e.g.
 #         .gpu/gpu_check_old from .gpz/gpu_check_old.gz, or VAR=VALUE: the default binary with
 #         that setting, e.g. HAYAI_STREAM_ATTN_TK=8, or VAR=VALUE@PATH: that binary with it, e.g.
-#         HAYAI_STREAM_PLE_SPLIT=0@.gpu/gpu_check_split) alternated, ROUNDS rounds (2), no run
+#         HAYAI_STREAM_RING=2@.gpu/gpu_check_old) alternated, ROUNDS rounds (2), no run
 #         begun after ROTATE_BUDGET s (~50 s a run); the lengths are gpu_check's
 #         HAYAI_BENCH_PROMPT / HAYAI_BENCH_GEN (128 / 512): ROTATE_ENV (e.g.
 #         "HAYAI_BENCH_PROMPT=2048 HAYAI_BENCH_GEN=256") applies to every run of the rotation,

@@ -112,10 +112,8 @@ def report(path):
     if not any(op(s, k, 3) for s in range(nsm) for k in range(n)):
         sys.exit("no per-SM stamps: was the binary built with HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1?")
     t0 = min(op(s, 0, 1) for s in range(nsm))
-    # GEMV-like operations and their streams: the fused PLE operation takes two (its gate's
-    # cells, then its projection's column cells), the split gate's down two (down's cells, then
-    # the gate's column cells).
-    GEMVS = {"gemv": 1, "ple_fused": 2, "ple_split_down": 2}
+    # GEMV operations and their streams (one each; the int8 output head's kernel is gemv_q8).
+    GEMVS = {"gemv": 1, "gemv_q8": 1}
     gi, gemv_of = 0, {}
     for k, (kernel, _) in enumerate(meta["ops"]):
         if kernel in GEMVS:

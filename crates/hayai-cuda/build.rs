@@ -79,8 +79,7 @@ fn main() {
     for d in defines.split_whitespace() {
         cmd.arg(d);
     }
-    // The host asks for what some switches build (`-DSS_PLE_FUSED=1`: the streamed step's
-    // fused PLE operation records).
+    // The host asks for what some switches build (`-DSS_NW=N`: the streamed step's warps).
     println!(
         "cargo::rustc-env=HAYAI_CUDA_DEFINES_BUILT={}",
         defines.split_whitespace().collect::<Vec<_>>().join(" ")

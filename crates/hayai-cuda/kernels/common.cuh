@@ -6,27 +6,6 @@
 
 #define HAYAI_FULL_MASK 0xffffffffu
 
-// SS_PLE_FUSED=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_PLE_FUSED=1; off): the streamed
-// step's per-layer-embedding gate and projection as one operation (kernels/stream_step.cu
-// ss_ple_columns) and the GEMV input it leaves (gemv_prologue: in_splits < 0). Measured slower
-// than the two GEMVs (docs/performance.md, twenty-fifth session); without it the kernels are
-// the same as before it was written.
-#ifndef SS_PLE_FUSED
-#define SS_PLE_FUSED 0
-#endif
-// SS_PLE_SPLIT=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_PLE_SPLIT=1; off): the streamed
-// step's per-layer-embedding gate split between gate/up (its product with the residual before
-// the feed-forward) and down (its product with down's output), its operation gone
-// (kernels/step.cu PleSplitParams, kernels/stream_step.cu). Measured slower than the gate's
-// operation (510 against 572 tok/s, docs/performance.md, twenty-seventh session); without it
-// the kernels are the same as before it was written.
-#ifndef SS_PLE_SPLIT
-#define SS_PLE_SPLIT 0
-#endif
-#if SS_PLE_SPLIT && SS_PLE_FUSED
-#error "SS_PLE_SPLIT and SS_PLE_FUSED are two forms of the same operations: build one"
-#endif
-
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float bf16_to_f32(uint16_t b) {

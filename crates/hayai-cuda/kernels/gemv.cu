@@ -165,23 +165,6 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
                                  gelu_tanh(a1.z) * a1.w);
                 vb = make_float4(gelu_tanh(b0.x) * b0.y, gelu_tanh(b0.z) * b0.w, gelu_tanh(b1.x) * b1.y,
                                  gelu_tanh(b1.z) * b1.w);
-#if SS_PLE_FUSED
-            } else if (p.in_splits < 0) {
-                // The streamed step's fused PLE accumulator (kernels/step.cu PleFusedParams):
-                // 64-bit fixed point in 2^-32 units, summed over SMs by integer adds.
-                const longlong2* q = (const longlong2*)p.in;
-                const longlong2 a0 = __ldcg(q + 2 * ja), a1 = __ldcg(q + 2 * ja + 1);
-                longlong2 b0 = make_longlong2(0, 0), b1 = b0;
-                if (two) {
-                    b0 = __ldcg(q + 2 * jb);
-                    b1 = __ldcg(q + 2 * jb + 1);
-                }
-                const float u = 0x1p-32f;
-                va = make_float4(__ll2float_rn(a0.x) * u, __ll2float_rn(a0.y) * u, __ll2float_rn(a1.x) * u,
-                                 __ll2float_rn(a1.y) * u);
-                vb = make_float4(__ll2float_rn(b0.x) * u, __ll2float_rn(b0.y) * u, __ll2float_rn(b1.x) * u,
-                                 __ll2float_rn(b1.y) * u);
-#endif
             } else {
                 const float4* q = (const float4*)p.in;
                 va = q[ja];
@@ -289,11 +272,6 @@ __device__ void gemv_prologue(const GemvParams& p, float* xs, float* red, bool s
             const float c = p.res_scalar;
             const float4 h = make_float4((r.x + b.x) * c, (r.y + b.y) * c, (r.z + b.z) * c, (r.w + b.w) * c);
             x4[j] = h;
-#if SS_PLE_SPLIT
-            // The streamed step's split PLE gate: h before the input norm, for the gate's rows
-            // of gate/up (kernels/stream_step.cu; the residual slot is read only here).
-            if (STEP && early_res) ((float4*)cst)[j] = h;
-#endif
             ss += h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
             if (first && p.res_out) ((float4*)p.res_out)[j] = h;
         }

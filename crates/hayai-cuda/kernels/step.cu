@@ -30,55 +30,13 @@ enum StepOpKind {
     STEP_PLE = 2,
     STEP_ARGMAX1 = 3,
     STEP_ARGMAX2 = 4,
-    STEP_PLE_FUSED = 5,
-    STEP_SPLIT_GATE_UP = 6,
-    STEP_SPLIT_DOWN = 7,
-    STEP_SPLIT_PROJ = 8,
 };
-
-// The streamed step's fused per-layer-embedding operation (kernels/stream_step.cu ss_ple_columns):
-// the gate's GEMV (whole along K), then the projection's columns matching this SM's gate rows,
-// summed over the SMs into a 64-bit fixed-point accumulator (2^-32 units) that the next GEMV's
-// prologue reads (GemvParams::in_splits < 0).
-struct PleFusedParams {
-    GemvParams g;                    // the gate (its `out` unused: its sums stay on the SM)
-    const float* act_mult;           // the layer's per-layer input
-    unsigned long long* acc;         // [p_rows] this layer's accumulator
-    unsigned long long* zero;        // [p_rows] the accumulator zeroed here (null: none)
-    int p_rows;                      // the projection's rows
-    int pad;
-};
-
-// The streamed step's split per-layer-embedding gate (kernels/stream_step.cu SS_PLE_SPLIT,
-// docs/streamed-step.md): the gate's product Wg h, h = h_mid + w_f m r_m (the residual after
-// the feed-forward, m down's output, r_m its RMS's inverse), as A = Wg h_mid, the gate's rows
-// after gate/up's (their input: h_mid before the feed-forward norm), plus r_m B, B = Wg (w_f m)
-// formed beside down (the gate's columns matching each down tile, times that tile's K-slice
-// partial, summed into a 64-bit fixed-point accumulator, 2^-32 units). The projection's
-// prologue forms gelu(A + r_m B) x the per-layer input, and the residual h.
-struct PleSplitParams {
-    GemvParams g;
-    // STEP_SPLIT_GATE_UP: tiles from a_tile on are the gate's (input groups G..2G: h_mid).
-    int a_tile;
-    int p_rows;                      // the gate's rows (down: its column cells' rows)
-    const float* wf;                 // down: the post-feed-forward norm's weight
-    unsigned long long* acc;         // [p_rows] this layer's B (down adds, the projection reads)
-    unsigned long long* zero;        // down: the accumulator zeroed here (the previous layer's)
-    // STEP_SPLIT_PROJ: `g.in` (in_splits, in_ld) are down's partials, g.res_in h_mid, g.res_w
-    // w_f, g.res_out where h goes, g.act_mult the per-layer input; A at a_in; h_cols = |h|.
-    const float* a_in;
-    int h_cols;
-    int pad;
-};
-static_assert(sizeof(PleSplitParams) == 232, "PleSplitParams is mirrored by the host");
 
 struct StepOp {
     int kind;
     int next_gemv;  // index of the next GEMV operation after this one (n_ops: none)
     union {
         GemvParams g;  // GEMV: `scales` in the octet layout, `counters` unused
-        PleFusedParams f;  // its `g` is `g` above
-        PleSplitParams s;  // its `g` is `g` above
         AttnParams a;
         PleParams p;
         ArgmaxParams m;

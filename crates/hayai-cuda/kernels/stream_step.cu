@@ -621,119 +621,6 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
-#if SS_PLE_FUSED || SS_PLE_SPLIT
-// Row rr of a column cell (stream_layout.rs `CellFormat::Int4Columns`: 96 rows of 16 nibbles,
-// then the rows' bf16 scales) times the block's 16 inputs a.
-__device__ __forceinline__ float ss_column_row(const unsigned char* cp, int rr, const float (&a)[16]) {
-    const uint2 w = *(const uint2*)(cp + 8 * rr);
-    const float sc = __uint_as_float((uint32_t)(*(const uint16_t*)(cp + 768 + 2 * rr)) << 16);
-    float y = 0.f;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        y = fmaf((float)((int)((w.x >> (4 * k)) & 15u) - 8), a[k], y);
-        y = fmaf((float)((int)((w.y >> (4 * k)) & 15u) - 8), a[8 + k], y);
-    }
-    return y * sc;
-}
-#endif
-
-#if SS_PLE_SPLIT
-// Down's weighted rows for the split gate's columns (ss_split_columns) at xs ([units][16]),
-// then each unit's products ([units][p_rows]): down's x is quantized by then, the area free.
-__device__ __forceinline__ int ss_split_part(int units) { return 16 * units; }
-
-// The split PLE gate's projection (STEP_SPLIT_PROJ, kernels/step.cu PleSplitParams): down's
-// partials summed (m, into shared memory after x) for r_m = 1 / RMS(m); x = gelu(A + r_m B) x
-// the per-layer input (A from gate/up's last rows, B the accumulator down's SMs added into);
-// SM 0 stores the residual h = (h_mid + m r_m w_f) c, as gemv_prologue's residual pass (the
-// gate's prologue, before the split) did, h_mid and w_f copied into shared memory after m
-// meanwhile. Inlined, as is ss_split_columns: out of line, the two calls inside the operation
-// loop took the kernel from 155 to 164 registers and 3 -> 17 local loads (the ring, passed by
-// reference, lived in local memory around them): 510.5 tok/s; inlined (162 registers, 3 local
-// loads) 539.6, against the default's 572.5 (docs/performance.md, twenty-eighth session).
-__device__ __forceinline__ void ss_split_prologue(const GemvParams& g, const PleSplitParams& s, float* xs, float* red) {
-    const ConsumerThreads ct;
-    const int t = ct.t(), nu = ct.n(), n = s.h_cols, n4 = n >> 2;
-    float4* m4 = (float4*)(xs + g.cols);
-    float* hm = xs + g.cols + n;  // SM 0: h_mid, then w_f
-    if (blockIdx.x == 0) {
-        for (int j = t; j < n4; j += nu) {
-            cp_async16(hm + 4 * j, g.res_in + 4 * j);
-            cp_async16(hm + n + 4 * j, g.res_w + 4 * j);
-        }
-        cp_async_commit();
-    }
-    // This thread's entry of x: its inputs requested with the partials.
-    float a = 0.f, b = 0.f, pl = 0.f;
-    if (t < g.cols) {
-        a = __ldcg(s.a_in + t);
-        b = (float)(long long)__ldcg(s.acc + t) * 0x1p-32f;
-        pl = __ldcg(g.act_mult + t);
-    }
-    // Two columns a thread at a time, every partial of both requested before either is summed
-    // (gemv_prologue's step variant): one memory round trip where n4 <= twice the threads.
-    float ss = 0.f;
-    for (int ja = t; ja < n4; ja += 2 * nu) {
-        const int jb = ja + nu;
-        const bool two = jb < n4;
-        float4 va = __ldcg((const float4*)g.in + ja), vb = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (two) vb = __ldcg((const float4*)g.in + jb);
-        float4 ua[3], ub[3];
-#pragma unroll
-        for (int k = 0; k < 3; k++) {
-            ua[k] = ub[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (k + 1 < g.in_splits) {
-                const float4* r = (const float4*)(g.in + (size_t)(k + 1) * g.in_ld);
-                ua[k] = __ldcg(r + ja);
-                if (two) ub[k] = __ldcg(r + jb);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < 3; k++) {
-            if (k + 1 < g.in_splits) {
-                va.x += ua[k].x; va.y += ua[k].y; va.z += ua[k].z; va.w += ua[k].w;
-                vb.x += ub[k].x; vb.y += ub[k].y; vb.z += ub[k].z; vb.w += ub[k].w;
-            }
-        }
-        for (int k = 4; k < g.in_splits; k++) {  // (none in the shapes measured)
-            const float4* r = (const float4*)(g.in + (size_t)k * g.in_ld);
-            const float4 c = __ldcg(r + ja);
-            va.x += c.x; va.y += c.y; va.z += c.z; va.w += c.w;
-            if (two) {
-                const float4 d = __ldcg(r + jb);
-                vb.x += d.x; vb.y += d.y; vb.z += d.z; vb.w += d.w;
-            }
-        }
-        m4[ja] = va;
-        ss += va.x * va.x + va.y * va.y + va.z * va.z + va.w * va.w;
-        if (two) {
-            m4[jb] = vb;
-            ss += vb.x * vb.x + vb.y * vb.y + vb.z * vb.z + vb.w * vb.w;
-        }
-    }
-    const float rm = rsqrtf(group_sum(ss, red, ct) / (float)n + g.eps);
-    if (t < g.cols) xs[t] = gelu_tanh(a + rm * b) * pl;
-    if (blockIdx.x == 0) {
-        cp_async_wait<0>();
-        ct.sync();  // every thread's copies
-        const float c = g.res_scalar;
-        for (int j = t; j < n4; j += nu) {
-            const float4 r = ((const float4*)hm)[j], w = ((const float4*)(hm + n))[j], v = m4[j];
-            const float4 h = make_float4((r.x + v.x * rm * w.x) * c, (r.y + v.y * rm * w.y) * c,
-                                         (r.z + v.z * rm * w.z) * c, (r.w + v.w * rm * w.w) * c);
-            ((float4*)g.res_out)[j] = h;
-        }
-    }
-    ct.sync();
-}
-#endif
-
-// keep (the fused PLE operation's gate, splits 1; null for every other GEMV): the rows stay in
-// shared memory, unit idx's 16 at keep[16 idx], and the stream is not held after the last pass
-// (its column cells follow). A run-time pointer, not a template flag: a second copy of this
-// code (and the prologue inlined in it) made the kernel's code 178 -> 262 KB, and the fused
-// operation, run once a layer, ran about twice as slow in every phase (instruction fetches
-// missing; docs/performance.md, twenty-fifth session).
 // FMT (SS_FMT_*): A8 int4 cells times int8 x (ss_cell); W16 bf16 cells (64 columns a group,
 // ss_cell16) multiplying the prologue's float x in place; W4 int4 cells times x as a 23-bit
 // fixed point (ss_cell4, the input turned into int8 digits in place by ss_x_digits).
@@ -741,7 +628,6 @@ template <int NCH, int FMT = SS_FMT_A8>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH, FMT == SS_FMT_W16 || FMT == SS_FMT_I8 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc,
                         volatile int* hold, unsigned long long* stamps, int x_floats, unsigned long long* tl,
-                        float* keep, const PleSplitParams* sp = nullptr, int skind = STEP_GEMV,
                         const uint4* sring = nullptr) {
     constexpr bool W16 = FMT == SS_FMT_W16, W4 = FMT == SS_FMT_W4, I8 = FMT == SS_FMT_I8;
     constexpr int CU4 = W16 || I8 ? SS_W16_U4 : SS_CELL_U4;
@@ -754,11 +640,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
-#if SS_PLE_SPLIT
-    if (skind == STEP_SPLIT_PROJ)
-        ss_split_prologue(g, *sp, xs, sm.sred);
-    else
-#endif
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * (GC / 4), g1 * (GC / 4),
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
@@ -775,20 +656,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // B column n < 3 digit n's (the other columns' sums are not used: any digit's).
     const uint2* xb4 = (const uint2*)xs + SS_DIG / 8 * ((lane >> 2) < 3 ? (lane >> 2) : 0) + (lane & 3);
     (void)xb4;
-#if SS_PLE_SPLIT
-    // gate/up's tiles from a_tile on are the PLE gate's (splits 1): their input is h_mid before
-    // the norm (gemv_prologue left it in the residual slot of `cst`), quantized as groups G..2G.
-    const int a_tile = skind == STEP_SPLIT_GATE_UP ? sp->a_tile : 0x7fffffff;
-    if (skind == STEP_SPLIT_GATE_UP && (int)sh.first_tile + nt > a_tile) {
-        const float* hm = ss_cst(g, xs, x_floats);
-        for (int grp = warp; grp < G; grp += SS_NW) {
-            int q[4];
-            const float m = act8_quantize4(((const float4*)(hm + grp * 128))[lane], q);
-            ss_store_group(xf, sm, G + grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m,
-                           lane);
-        }
-    }
-#endif
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2. (bf16 cells take x as the prologue left it.)
     if constexpr (W4) {
@@ -815,11 +682,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
             const int ti = warp / q.kw, sl = warp % q.kw;
             int u_slice, u_tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, u_slice, u_tile);
-#if SS_PLE_SPLIT
-            const int gofs = u_slice * gu + (u_tile >= a_tile ? G : 0);  // the unit's first group
-#else
             const int gofs = u_slice * gu;  // the unit's first group
-#endif
             if (q.kw == 1) {
                 // One unit a warp (gate/up's passes, lm_head's): its cells are np apart in the
                 // stream, round after round, so the ring slot (the position modulo the ring's
@@ -943,10 +806,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
         ConsumerThreads{}.sync();
         ss_tl_at(tl, 7);
         // The last pass's cells are all read: hold the stream while the operation publishes.
-        // (Not where column cells follow: the fused gate's, the split gate's down.)
-        if (!(SS_PLE_FUSED && keep) && !(SS_PLE_SPLIT && skind == STEP_SPLIT_DOWN) && tid == 0 &&
-            (p + 1) * SS_NW >= nt)
-            *hold = 1;
+        if (tid == 0 && (p + 1) * SS_NW >= nt) *hold = 1;
         // The np units' rows: the kw warps' sums added in slice order, into partial vector `slice`.
         for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
             const int ti = i >> 4, row = i & 15;
@@ -954,175 +814,13 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 #pragma unroll
             for (int s = 0; s < SS_NW; s++)
                 if (s < q.kw) sum += sm.red[pc & 1][ti * q.kw + s][row];
-#if SS_PLE_FUSED
-            if (keep) {
-                keep[(p * SS_NW + ti) * 16 + row] = sum;
-                continue;
-            }
-#endif
             int slice, tile;
             ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
             g.out[(size_t)slice * g.rows + tile * 16 + row] = sum;
         }
-#if SS_PLE_SPLIT
-        // Down: the rows times the post-feed-forward norm's weight, for the gate's columns
-        // (ss_split_columns), at xs as [unit][16] (a loop of its own: the store loop above
-        // stays the plain GEMV's). The same sums in the same order.
-        if (skind == STEP_SPLIT_DOWN) {
-            float* bsh = xs;
-            for (int i = tid; i < q.np * 16; i += SS_NW * 32) {
-                const int ti = i >> 4, row = i & 15;
-                float sum = 0.f;
-#pragma unroll
-                for (int s = 0; s < SS_NW; s++)
-                    if (s < q.kw) sum += sm.red[pc & 1][ti * q.kw + s][row];
-                int slice, tile;
-                ss_unit_at(sh, tiles, p * SS_NW + ti, slice, tile);
-                bsh[(p * SS_NW + ti) * 16 + row] = sum * __ldg(sp->wf + tile * 16 + row);
-            }
-        }
-#endif
     }
     R.release_to(base + (unsigned)(nt * gu));
 }
-
-#if SS_PLE_SPLIT
-// The split gate's B part (STEP_SPLIT_DOWN, after down's rows on this SM): each of the SM's
-// down units (K slice s, tile t) times the gate's 16 columns that match tile t (the stream's
-// column cells after down's: 96 rows of 16 nibbles and their scales, 3 a unit for 256 rows),
-// with the unit's partial rows times w_f (ss_gemv left them at xs); each unit's products into
-// shared memory, summed per row in unit order, then, after the SM's last ring release (a
-// release waits for the thread's outstanding global writes), added into the layer's
-// accumulator in 64-bit fixed point (2^-32 units): integer sums, so B does not depend on the
-// SMs' order. (64-bit shared-memory atomics, a compare-and-swap loop in SASS, are avoided.)
-template <int NCH>
-__device__ __forceinline__ void ss_split_columns(const PleSplitParams& s, const SmShare& sc, float* xs, SsRing<NCH>& R,
-                                                 volatile int* hold) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const ConsumerThreads ct;
-    const int nt = (int)sc.units;
-    if (nt == 0) return;
-    float* part = xs + ss_split_part(nt);  // [nt][p_rows] each unit's products
-    const float* bsh = xs;
-    ct.sync();  // bsh's rows (ss_gemv)
-    const int gu = (s.p_rows + 95) / 96, ncell = nt * gu;
-    const unsigned base = sc.first_cell;
-    for (int i = warp; i < ncell; i += SS_NW) {
-        const unsigned pos = base + (unsigned)i;
-        R.release_to(pos);
-        R.land(pos / SS_CH);
-        const int ui = i / gu, c = i - ui * gu;
-        const unsigned char* cp = (const unsigned char*)R.cell(pos);
-        float a[16];
-#pragma unroll
-        for (int k = 0; k < 16; k++) a[k] = bsh[ui * 16 + k];
-#pragma unroll
-        for (int j = 0; j < 3; j++) {
-            const int rr = 3 * lane + j, row = c * 96 + rr;
-            const float y = ss_column_row(cp, rr, a);
-            if (row < s.p_rows) part[ui * s.p_rows + row] = y;
-        }
-    }
-    R.release_to(base + (unsigned)ncell);
-    ct.sync();  // every cell read and every product stored
-    if (tid == 0) *hold = 1;  // hold the stream while the operation publishes
-    for (int i = tid; i < s.p_rows; i += SS_NW * 32) {
-        float v = 0.f;
-        for (int u = 0; u < nt; u++) v += part[u * s.p_rows + i];
-        const long long q = __float2ll_rn(fminf(fmaxf(v * 0x1p32f, -0x1p62f), 0x1p62f));
-        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(s.acc + i), "l"(q) : "memory");
-    }
-}
-
-// Down's zeroing of the previous layer's accumulator (its reader, that layer's projection, is
-// done on every SM), a slice an SM.
-__device__ __forceinline__ void ss_split_zero(const PleSplitParams& s) {
-    if (!s.zero) return;
-    const int per = (s.p_rows + (int)gridDim.x - 1) / (int)gridDim.x;
-    for (int i = threadIdx.x; i < per; i += SS_NW * 32) {
-        const int r = (int)blockIdx.x * per + i;
-        if (r < s.p_rows) s.zero[r] = 0ull;
-    }
-}
-#endif
-
-#if SS_PLE_FUSED
-// v rounded to bf16, nearest even (finite values).
-__device__ __forceinline__ float ss_bf16_rn(float v) {
-    uint32_t u = __float_as_uint(v);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return __uint_as_float(u & 0xFFFF0000u);
-}
-
-// The per-layer-embedding gate and its projection as one operation (STEP_PLE_FUSED,
-// docs/streamed-step.md): the gate (2,560 -> 256 on E4B) whole along K on the SMs that hold its
-// 16-row tiles, its sums kept in shared memory (ss_gemv's `keep`); a = gelu(gate) x the layer's
-// per-layer input, as a bf16 pair (the CPU twin's MatmulInputs::ple_projection); then the
-// projection's 16 columns that match each tile (the stream's column cells: 96 rows of 16 nibbles
-// and the rows' scales), every row's f32 product added into the layer's accumulator as 64-bit
-// fixed point (2^-32 units; integer adds, so the sum does not depend on the SMs' order). The
-// next GEMV's prologue reads the accumulator (in_splits < 0). One link and one prologue a layer
-// fewer than gate and projection as two GEMVs. sh: the gate's share, then the column operation's.
-//
-// Before the gate: the accumulator this operation zeroes (the previous layer's: its reader, this
-// layer's QKV, is done on every SM), a slice an SM (the launch boundary orders it before the
-// next step's adds); and this SM's per-layer inputs requested, returned to land during the gate
-// (its units are its tiles: splits 1; at most 22 tiles, the host's width check).
-__device__ __forceinline__ float ss_ple_begin(const PleFusedParams& f, const SmShare* sh) {
-    const int tid = threadIdx.x;
-    if (f.zero) {
-        const int per = (f.p_rows + (int)gridDim.x - 1) / (int)gridDim.x;
-        for (int i = tid; i < per; i += SS_NW * 32) {
-            const int r = (int)blockIdx.x * per + i;
-            if (r < f.p_rows) f.zero[r] = 0ull;
-        }
-    }
-    return tid < (int)sh[0].units * 16 ? __ldcg(f.act_mult + sh[0].first_unit * 16 + tid) : 0.f;
-}
-
-// After the gate (its sums at xs[0, 16 units)): the projection's columns into the accumulator.
-template <int NCH>
-__device__ void ss_ple_columns(const PleFusedParams& f, const SmShare* sh, float* xs, SsRing<NCH>& R, float am) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const ConsumerThreads ct;
-    const int nt = (int)sh[0].units;
-    if (nt == 0) return;
-    ct.sync();  // the gate's sums
-    if (tid < nt * 16) {
-        const float v = gelu_tanh(xs[tid]) * am;
-        const float hi = ss_bf16_rn(v);
-        xs[tid] = hi + ss_bf16_rn(v - hi);
-    }
-    ct.sync();
-    // The column cells in stream order, a warp every SS_NW-th; lane l rows 3 l .. 3 l + 2.
-    // (Releasing the ring between a cell's adds and the next cell waits for the adds: a release
-    // store orders this thread's outstanding global writes. Up to 4 cells multiplied and
-    // released before their adds measured slower as built, 513-517 against 545-546 tok/s, with
-    // the kernel at 168 registers; docs/performance.md, twenty-fifth session.)
-    const int gu = (f.p_rows + 95) / 96, ncell = nt * gu;
-    const unsigned base = sh[1].first_cell;
-    for (int i = warp; i < ncell; i += SS_NW) {
-        const unsigned pos = base + (unsigned)i;
-        R.release_to(pos);
-        R.land(pos / SS_CH);
-        const int ui = i / gu, c = i - ui * gu;
-        const unsigned char* cp = (const unsigned char*)R.cell(pos);
-        float a[16];
-#pragma unroll
-        for (int k = 0; k < 16; k++) a[k] = xs[ui * 16 + k];
-#pragma unroll
-        for (int j = 0; j < 3; j++) {
-            const int rr = 3 * lane + j, row = c * 96 + rr;
-            const float y = ss_column_row(cp, rr, a);
-            if (row < f.p_rows) {
-                const float v = fminf(fmaxf(y * 0x1p32f, -0x1p62f), 0x1p62f);
-                atomicAdd(f.acc + row, (unsigned long long)__float2ll_rn(v));
-            }
-        }
-    }
-    R.release_to(base + (unsigned)ncell);
-}
-#endif  // SS_PLE_FUSED
 
 // Attention by KV head. An item is one KV head's key range [k0, k1) for all r of its query
 // heads, run by the SM's consumer warps; the range's K and V rows (f32) are
@@ -1742,17 +1440,13 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     ssa_merge(a, hd, S, o0, o1, xs);
 }
 
-// FMT: ss_gemv's cell format; the fused and split PLE measurement builds are W4A8 only (their
-// column cells and prologues take int8 x).
+// FMT: ss_gemv's cell format.
 // I8H: a bf16 kernel that also runs an int8 output head (SS_W_INT8 operations, the scale ring);
 // the plain bf16 kernels are compiled without it, so their code is the measured one.
 template <int NCH, int FMT = SS_FMT_A8, bool I8H = false>
 __device__ void stream_body(const StreamParams& P) {
     static_assert(!I8H || FMT == SS_FMT_W16, "an int8 head is for the bf16 kernels");
     constexpr int CU4 = FMT == SS_FMT_W16 ? SS_W16_U4 : SS_CELL_U4;
-#if SS_PLE_FUSED || SS_PLE_SPLIT
-    static_assert(FMT == SS_FMT_A8, "the PLE measurement forms are W4A8 only");
-#endif
     extern __shared__ __align__(128) unsigned char ss_dyn[];
     __shared__ uint64_t full[NCH];
     __shared__ unsigned landed_w, wdone_w[SS_NW];
@@ -1762,11 +1456,7 @@ __device__ void stream_body(const StreamParams& P) {
     __shared__ SsaLayout lay;  // the attention's layout, worked out before its wait
     __shared__ SsShared sm;
     __shared__ uint4 op_stage[2][STEP_OP_BYTES / 16];
-#if SS_PLE_FUSED || SS_PLE_SPLIT
-    __shared__ SmShare share_stage[2][2];  // a GEMV's share (a fused PLE operation's or split down's two)
-#else
     __shared__ SmShare share_stage[2];
-#endif
     unsigned char* ring = ss_dyn;
     float* xs = (float*)(ss_dyn + (size_t)NCH * SS_CH * CU4 * 16);
     uint2* xf = (uint2*)(xs + P.x_floats);
@@ -1828,29 +1518,13 @@ __device__ void stream_body(const StreamParams& P) {
         // on the path of the operation's last SM.)
         if (k + 1 < P.n_ops && tid >= 64 && tid < 64 + STEP_OP_BYTES / 16)
             op_stage[(k + 1) & 1][tid - 64] = ((const uint4*)(P.ops + k + 1))[tid - 64];
-#if SS_PLE_SPLIT
-        const int share_words = op.kind == STEP_GEMV || op.kind == STEP_SPLIT_GATE_UP || op.kind == STEP_SPLIT_PROJ ? 9
-                                : op.kind == STEP_SPLIT_DOWN                                                  ? 18
-                                                                                                              : 0;
-        if (tid >= 32 && tid < 32 + share_words)
-            ((unsigned*)share_stage[k & 1])[tid - 32] =
-                ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
-#elif SS_PLE_FUSED
-        const int share_words = op.kind == STEP_GEMV ? 9 : op.kind == STEP_PLE_FUSED ? 18 : 0;
-        if (tid >= 32 && tid < 32 + share_words)
-            ((unsigned*)share_stage[k & 1])[tid - 32] =
-                ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
-#else
         if (op.kind == STEP_GEMV && tid >= 32 && tid < 32 + 9)
             ((unsigned*)&share_stage[k & 1])[tid - 32] =
                 ((const unsigned*)(P.shares + (size_t)blockIdx.x * P.n_gemv + op.next_gemv))[tid - 32];
-#endif
         // Attention by KV head: this SM's first keys requested before the wait.
         if (op.kind == STEP_ATTN)
             ssa_prestage(op.a, xs, avail, P.attn_tk, P.attn_min_keys, pos_s, lay);
-        // (Not the split gate's projection: its prologue is its own, ss_split_prologue.)
-        if (SS_PRE_CST && (op.kind == STEP_GEMV || (SS_PLE_FUSED && op.kind == STEP_PLE_FUSED) ||
-                           (SS_PLE_SPLIT && (op.kind == STEP_SPLIT_GATE_UP || op.kind == STEP_SPLIT_DOWN))))
+        if (SS_PRE_CST && op.kind == STEP_GEMV)
             ss_constants_async(op.g, xs, P.x_floats);
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
@@ -1864,43 +1538,19 @@ __device__ void stream_body(const StreamParams& P) {
         stamp_at(stamps, 0);
         ss_tl_at(tl, 1);
         const int kind = op.kind;
-#if SS_PLE_FUSED
-        if (kind == STEP_GEMV || kind == STEP_PLE_FUSED) {
-            // One call site for both (see ss_gemv's `keep`).
-            const bool fused = kind == STEP_PLE_FUSED;
-            const float am = fused ? ss_ple_begin(op.f, share_stage[k & 1]) : 0.f;
-            ss_gemv<NCH>(op.g, share_stage[k & 1][0], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl,
-                         fused ? xs : nullptr);
-            if (fused) ss_ple_columns<NCH>(op.f, share_stage[k & 1], xs, R, am);
-        }
-#elif SS_PLE_SPLIT
-        if (kind == STEP_GEMV || kind == STEP_SPLIT_GATE_UP || kind == STEP_SPLIT_DOWN || kind == STEP_SPLIT_PROJ) {
-            // One call site for all four (see ss_gemv's `keep`).
-            if (kind == STEP_SPLIT_DOWN) ss_split_zero(op.s);
-            ss_gemv<NCH>(op.g, share_stage[k & 1][0], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr,
-                         kind == STEP_GEMV ? nullptr : &op.s, kind);
-            if (kind == STEP_SPLIT_DOWN) ss_split_columns<NCH>(op.s, share_stage[k & 1][1], xs, R, &hold);
-        }
-#else
         if (kind == STEP_GEMV) {
             if (I8H && op.g.int4 == SS_W_INT8)
                 ss_gemv<NCH, I8H ? SS_FMT_I8 : FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps,
-                                                     P.x_floats, tl, nullptr, nullptr, STEP_GEMV, sring);
+                                                     P.x_floats, tl, sring);
             else
-                ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl, nullptr);
-        }
-#endif
-        else if (kind == STEP_ATTN) {
+                ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
+        } else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
         } else if (kind == STEP_ARGMAX1) {
             if (op.m.own)
-#if SS_PLE_FUSED || SS_PLE_SPLIT
-                ss_argmax_own<SS_NW * 32>(op.m, share_stage[(k - 1) & 1][0], ct);
-#else
                 ss_argmax_own<SS_NW * 32>(op.m, share_stage[(k - 1) & 1], ct);
-#endif
             else
                 step_argmax1<SS_NW * 32>(op.m, ct);
         } else if (kind == STEP_ARGMAX2) {
@@ -1928,34 +1578,24 @@ extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_r2(con
     stream_body<2>(P);
 }
 // bf16 weights (--quant bf16): 5 chunks of 32 KB where the shared memory allows, else 2; int4
-// weights times a fixed-point x (--quant int4): int4's rings. (Not in the fused or split PLE
-// measurement builds, whose host refuses these streamed steps.)
-#if !SS_PLE_FUSED && !SS_PLE_SPLIT
-#define SS_W16_BODY(n) stream_body<n, SS_FMT_W16>(P)
-#define SS_W16Q8_BODY(n) stream_body<n, SS_FMT_W16, true>(P)
-#define SS_W4_BODY(n) stream_body<n, SS_FMT_W4>(P)
-#else
-#define SS_W16_BODY(n) asm volatile("trap;")
-#define SS_W16Q8_BODY(n) asm volatile("trap;")
-#define SS_W4_BODY(n) asm volatile("trap;")
-#endif
+// weights times a fixed-point x (--quant int4): int4's rings.
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16_r5(const StreamParams P) {
-    SS_W16_BODY(5);
+    stream_body<5, SS_FMT_W16>(P);
 }
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16_r2(const StreamParams P) {
-    SS_W16_BODY(2);
+    stream_body<2, SS_FMT_W16>(P);
 }
 // The same with an int8 output head (--lm-head: int8 cells, their scale ring after the int8
 // fragments' area).
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16q8_r5(const StreamParams P) {
-    SS_W16Q8_BODY(5);
+    stream_body<5, SS_FMT_W16, true>(P);
 }
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w16q8_r2(const StreamParams P) {
-    SS_W16Q8_BODY(2);
+    stream_body<2, SS_FMT_W16, true>(P);
 }
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w4_r10(const StreamParams P) {
-    SS_W4_BODY(10);
+    stream_body<10, SS_FMT_W4>(P);
 }
 extern "C" __global__ void __launch_bounds__(SS_THREADS, 1) decode_stream_w4_r2(const StreamParams P) {
-    SS_W4_BODY(2);
+    stream_body<2, SS_FMT_W4>(P);
 }

@@ -319,7 +319,7 @@ pub fn prefill_parity(
     gpu.forward(prompt, Rows::Last, &mut |_, l| first = argmax(l))?;
     let n = prompt.len();
     // The twin of the step that runs (`StreamedStep::Auto` decided by the runner).
-    set_decode_twin(&mut twin, model, gpu.options());
+    set_decode_twin(&mut twin, gpu.options());
     let mut cfirst = 0u32;
     twin.truncate(n.saturating_sub(1));
     twin.forward(&prompt[n.saturating_sub(1)..], Rows::Last, &mut |_, l| {
@@ -356,19 +356,10 @@ fn decode_matmul_inputs(opts: &CudaOptions) -> MatmulInputs {
     }
 }
 
-/// `cpu` as the CPU twin of the decode step of `opts` on `model`: its matrix inputs rounded as
-/// `decode_matmul_inputs` says, the per-layer-embedding projection's as the streamed step's
-/// fused PLE operation takes them where that runs (`MatmulInputs::ple_projection`), and the
-/// gate's product split as the streamed step's split gate forms it where that runs
-/// (`CpuRunner::set_ple_gate_split`).
-fn set_decode_twin(cpu: &mut CpuRunner, model: &Model, opts: &CudaOptions) {
-    let inputs = decode_matmul_inputs(opts);
-    cpu.set_matmul_inputs(inputs);
-    // (The PLE forms run in the W4A8 streamed step only.)
-    let a8_stream = opts.streamed() && opts.uses_int8_activations();
-    let fused = a8_stream && crate::runner::ple_fused_wanted(&model.spec);
-    cpu.set_ple_projection_inputs(fused.then(|| inputs.ple_projection()));
-    cpu.set_ple_gate_split(a8_stream && crate::runner::ple_split_wanted(&model.spec));
+/// `cpu` as the CPU twin of the decode step of `opts`: its matrix inputs rounded as
+/// `decode_matmul_inputs` says.
+fn set_decode_twin(cpu: &mut CpuRunner, opts: &CudaOptions) {
+    cpu.set_matmul_inputs(decode_matmul_inputs(opts));
 }
 
 /// Feed `prompt` to both backends comparing every logit row, then run `steps` greedy steps on
@@ -396,7 +387,7 @@ pub fn parity(
     let opts = &gpu.options().clone();
     let int8 = opts.uses_int8_activations();
     let tc = opts.uses_tensor_cores();
-    set_decode_twin(&mut cpu, model, opts);
+    set_decode_twin(&mut cpu, opts);
     let g = all_logits(&mut gpu, prompt)?;
     let c = all_logits(&mut cpu, prompt)?;
     let first = argmax(c.last().map(|v| &v[..]).unwrap_or(&[]));

@@ -29,7 +29,6 @@ pub use opbench::OpTime;
 pub use options::{CudaOptions, LmHead, Quant, StreamedStep, RING_SLACK};
 pub use prefill::PREFILL_CHUNK;
 use shapes::*;
-pub(crate) use stream::{ple_fused_wanted, ple_split_wanted};
 
 /// Whether the GPU kernels can run `spec` (checked without touching a GPU): head dims multiples
 /// of 128 up to 512, every projection width a multiple of 32, PLE width a multiple of 32 up to

@@ -16,66 +16,10 @@ pub struct StepStreams {
     pub streams: Streams,
 }
 
-/// How the step lays out each layer's per-layer-embedding gate and projection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PleForm {
-    /// Two GEMVs, the gate then the projection (the launch plan's order; the default).
-    Apart,
-    /// The fused operation (a measurement build, kernels/stream_step.cu `SS_PLE_FUSED`): the
-    /// gate whole along K, the projection in column cells on the same SMs.
-    Fused,
-    /// The split gate (a measurement build, kernels/stream_step.cu `SS_PLE_SPLIT`, measured
-    /// slower than `Apart`; docs/streamed-step.md, "Next structural step"): the gate's rows
-    /// after gate/up's (`gemv.gate_up` then has 256 more rows, its A part, multiplied with the
-    /// residual before the feed-forward norm), the gate's column cells after down
-    /// (`gemv.ple_gate_cols`, one copy per K slice of down, each multiplying that slice's
-    /// partial: its B part), and no gate GEMV.
-    Split,
-}
-
-/// `b`'s rows after `a`'s (the same width and storage format).
-fn append_rows(a: HostMat, b: HostMat) -> Result<HostMat, CudaError> {
-    match (a, b) {
-        (HostMat::Int4(mut a), HostMat::Int4(b)) if a.cols == b.cols => {
-            a.rows += b.rows;
-            a.packed.extend_from_slice(&b.packed);
-            a.scales.extend_from_slice(&b.scales);
-            Ok(HostMat::Int4(a))
-        }
-        (
-            HostMat::Bf16 {
-                rows,
-                cols,
-                mut bits,
-            },
-            HostMat::Bf16 {
-                rows: rb,
-                cols: cb,
-                bits: b,
-            },
-        ) if cols == cb => {
-            bits.extend_from_slice(&b);
-            Ok(HostMat::Bf16 {
-                rows: rows + rb,
-                cols,
-                bits,
-            })
-        }
-        _ => Err(CudaError::Unsupported(
-            "rows appended from a matrix of another width or format".into(),
-        )),
-    }
-}
-
 /// The decode step's GEMVs in the order it runs them (the launch plan's): the per-layer-embedding
 /// model projection (Gemma 4), per layer QKV (Q alone on KV-shared layers), O, gate/up (GeGLU),
-/// down and, with per-layer embeddings, their gate and projection (or the split gate's pieces:
-/// [`PleForm::Split`]); lm_head last.
-fn step_mats(
-    model: &Model,
-    quant: Quant,
-    form: PleForm,
-) -> Result<Vec<(&'static str, HostMat, bool)>, CudaError> {
+/// down and, with per-layer embeddings, their gate and projection; lm_head last.
+fn step_mats(model: &Model, quant: Quant) -> Result<Vec<(&'static str, HostMat, bool)>, CudaError> {
     let spec = &model.spec;
     let w = &model.weights;
     let mut out = Vec::new();
@@ -99,20 +43,14 @@ fn step_mats(
         };
         out.push(("gemv.qkv", qkv, false));
         out.push(("gemv.o", fuse_host(&[&lw.o], false, quant)?, false));
-        let split = form == PleForm::Split && lw.ple.is_some();
-        let mut gate_up = fuse_host(&[&lw.gate, &lw.up], true, quant)?;
-        if let (true, Some(p)) = (split, &lw.ple) {
-            gate_up = append_rows(gate_up, fuse_host(&[&p.gate], false, quant)?)?;
-        }
-        out.push(("gemv.gate_up", gate_up, true));
+        out.push((
+            "gemv.gate_up",
+            fuse_host(&[&lw.gate, &lw.up], true, quant)?,
+            true,
+        ));
         out.push(("gemv.down", fuse_host(&[&lw.down], false, quant)?, false));
         if let Some(p) = &lw.ple {
-            let gate = fuse_host(&[&p.gate], false, quant)?;
-            out.push(if split {
-                ("gemv.ple_gate_cols", gate, true)
-            } else {
-                ("gemv.ple_gate", gate, false)
-            });
+            out.push(("gemv.ple_gate", fuse_host(&[&p.gate], false, quant)?, false));
             out.push(("gemv.ple_proj", fuse_host(&[&p.proj], false, quant)?, false));
         }
     }
@@ -152,9 +90,7 @@ pub fn splits_cap(label: &str) -> usize {
 
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them
 /// must take one cell format: int4 needs every width a multiple of 128 (else a clear error).
-/// `form`: how each per-layer-embedding gate and projection are laid out ([`PleForm`]; column
-/// cells, which the fused and split forms take, are int4 only). `head_int8`: the output head as
-/// these int8 blocks instead (int8 cells in a bf16 stream, [`CudaOptions::lm_head`]).
+/// `head_int8`: the output head as these int8 blocks instead (int8 cells in a bf16 stream, [`CudaOptions::lm_head`]).
 ///
 /// [`CudaOptions::lm_head`]: crate::CudaOptions::lm_head
 pub fn step_streams(
@@ -162,21 +98,16 @@ pub fn step_streams(
     quant: Quant,
     n_sm: usize,
     warps: usize,
-    form: PleForm,
     head_int8: Option<&crate::quant::Int8Matrix>,
 ) -> Result<StepStreams, CudaError> {
-    let mats = step_mats(model, quant, form)?;
-    let ple_fused = form == PleForm::Fused;
+    let mats = step_mats(model, quant)?;
     let ops: Vec<StreamOp> = mats
         .iter()
         .map(|(label, m, whole)| {
-            let (gate, proj) = (*label == "gemv.ple_gate", *label == "gemv.ple_proj");
-            let columns = (ple_fused && proj) || *label == "gemv.ple_gate_cols";
             let weights = match m {
                 _ if *label == "gemv.lm_head" && head_int8.is_some() => {
                     Weights::Int8(head_int8.expect("checked"))
                 }
-                HostMat::Int4(q) if columns => Weights::Int4Columns(q),
                 HostMat::Int4(q) => Weights::Int4(q),
                 HostMat::Bf16 { rows, cols, bits } => Weights::Bf16 {
                     rows: *rows,
@@ -186,9 +117,9 @@ pub fn step_streams(
             };
             StreamOp {
                 weights,
-                whole: *whole || (ple_fused && gate),
-                // Apart, the projection runs right after its gate (the launch plan's order).
-                after_prev: proj && form == PleForm::Apart,
+                whole: *whole,
+                // The projection runs right after its gate (the launch plan's order).
+                after_prev: *label == "gemv.ple_proj",
                 max_splits: splits_cap(label),
             }
         })
@@ -234,14 +165,8 @@ mod tests {
         }
         let model = random_model_bf16(&spec, 5);
         let w = &model.weights;
-        for (quant, form) in [
-            (Quant::Int4, PleForm::Apart),
-            (Quant::Int4, PleForm::Fused),
-            (Quant::Int4, PleForm::Split),
-            (Quant::Bf16, PleForm::Apart),
-        ] {
-            let (fused, split) = (form == PleForm::Fused, form == PleForm::Split);
-            let st = step_streams(&model, quant, 13, 12, form, None).unwrap();
+        for quant in [Quant::Int4, Quant::Bf16] {
+            let st = step_streams(&model, quant, 13, 12, None).unwrap();
             // The model's own matrices, fused the way each operation's rows are.
             let mut want: Vec<(&str, Vec<f32>)> = Vec::new();
             let mut check = |label: &'static str, y: Vec<f32>| want.push((label, y));
@@ -260,25 +185,13 @@ mod tests {
                 let x = input(lw.gate.cols);
                 let (g, u) = (product(&lw.gate, &x, quant), product(&lw.up, &x, quant));
                 let p = lw.ple.as_ref().unwrap();
-                let mut gu: Vec<f32> = g.iter().zip(&u).flat_map(|(a, b)| [*a, *b]).collect();
-                if split {
-                    // The split gate's A rows after gate/up's.
-                    gu.extend(product(&p.gate, &x, quant));
-                }
+                let gu: Vec<f32> = g.iter().zip(&u).flat_map(|(a, b)| [*a, *b]).collect();
                 check("gemv.gate_up", gu);
                 check("gemv.down", product(&lw.down, &input(lw.down.cols), quant));
-                if split {
-                    // Its B part: the gate over down's outputs, whatever their K split (below).
-                    check(
-                        "gemv.ple_gate_cols",
-                        product(&p.gate, &input(p.gate.cols), quant),
-                    );
-                } else {
-                    check(
-                        "gemv.ple_gate",
-                        product(&p.gate, &input(p.gate.cols), quant),
-                    );
-                }
+                check(
+                    "gemv.ple_gate",
+                    product(&p.gate, &input(p.gate.cols), quant),
+                );
                 check(
                     "gemv.ple_proj",
                     product(&p.proj, &input(p.proj.cols), quant),
@@ -292,40 +205,10 @@ mod tests {
             assert_eq!(st.labels, want.iter().map(|(l, _)| *l).collect::<Vec<_>>());
             for (i, (label, y)) in want.iter().enumerate() {
                 let plan = &st.streams.ops[i];
-                let x = if plan.format == crate::stream_layout::CellFormat::Int4Columns {
-                    // One input per copy (K slice of the GEMV before), summing to `input`.
-                    let n = plan.splits;
-                    let w = |j: usize| (j + 1) as f32 / (n * (n + 1) / 2) as f32;
-                    (0..n)
-                        .flat_map(|j| input(plan.k).into_iter().map(move |v| v * w(j)))
-                        .collect()
-                } else {
-                    input(plan.k)
-                };
+                let x = input(plan.k);
                 let got = walk(&st.streams, i, &x);
                 let rel = crate::check::compare_rows(&[got], std::slice::from_ref(y)).2;
                 assert!(rel < 1e-5, "{quant:?} op {i} ({label}): rel L2 {rel}");
-            }
-            // Fused: every gate whole and its projection in column cells on the same SMs.
-            // Split: the gate's column cells after down, a copy per K slice of it, dealt alike.
-            for (i, label) in st.labels.iter().enumerate() {
-                let plan = &st.streams.ops[i];
-                let columns = plan.format == crate::stream_layout::CellFormat::Int4Columns;
-                assert_eq!(
-                    columns,
-                    (fused && *label == "gemv.ple_proj") || *label == "gemv.ple_gate_cols",
-                    "op {i}"
-                );
-                if *label == "gemv.ple_gate_cols" {
-                    let down = &st.streams.ops[i - 1];
-                    assert_eq!((plan.splits, plan.units()), (down.splits, down.units()));
-                }
-                if fused && *label == "gemv.ple_gate" {
-                    assert_eq!(plan.splits, 1);
-                    let next = &st.streams.ops[i + 1];
-                    assert_eq!(plan.tiles(), next.tiles());
-                    assert!(plan.sms.is_empty() && next.sms.is_empty());
-                }
             }
         }
     }
@@ -341,7 +224,7 @@ mod tests {
             p.dim = 64;
         }
         let model = random_model_bf16(&spec, 6);
-        let err = step_streams(&model, Quant::Int4, 13, 12, PleForm::Apart, None)
+        let err = step_streams(&model, Quant::Int4, 13, 12, None)
             .err()
             .expect("an error");
         assert!(err.to_string().contains("cell format"), "{err}");

@@ -17,9 +17,6 @@ use rayon::prelude::*;
 
 /// Rows per cell (one `mma` tile).
 pub const CELL_ROWS: usize = 16;
-/// A column cell's rows and columns ([`CellFormat::Int4Columns`]).
-pub const COL_CELL_ROWS: usize = 96;
-pub const COL_CELL_COLS: usize = 16;
 /// An SM's stream starts on a multiple of this many cells: 128-byte aligned for both formats
 /// (bulk copies from unaligned sources stream ~20% slower, proto/stream_rate.cu).
 pub const ALIGN_CELLS: usize = 8;
@@ -38,12 +35,6 @@ pub enum CellFormat {
     Int4,
     /// 16 x 64 bf16 in the `mma.m16n8k16` A-fragment order.
     Bf16,
-    /// 96 rows of a 16-column block of an int4 matrix: per row its 16 nibbles (8 bytes, column
-    /// 2 j in byte j's low nibble), then the 96 rows' bf16 group scales (the 16 columns lie in
-    /// one 128-column group), in an int4 cell's 1,056 bytes so that both kinds share a ring. A
-    /// column operation's unit is one column block (all its rows): the fused PLE operation
-    /// multiplies the projection's columns that match its SM's gate outputs (kernels/stream_step.cu).
-    Int4Columns,
     /// 16 x 128 int8 (2,048 bytes, a bf16 cell's size, so both kinds share a ring): lane
     /// (g, c) loads 16 bytes at [t * 32 + lane], t = 0..3, word j of which holds columns
     /// 32 t + 16 (j / 2) + 4 c .. + 3 of row g + 8 (j % 2); column block t of the cell is one
@@ -57,7 +48,7 @@ pub enum CellFormat {
 impl CellFormat {
     pub fn bytes(self) -> usize {
         match self {
-            CellFormat::Int4 | CellFormat::Int4Columns => 1056,
+            CellFormat::Int4 => 1056,
             CellFormat::Bf16 | CellFormat::Int8 => 2048,
         }
     }
@@ -66,7 +57,6 @@ impl CellFormat {
         match self {
             CellFormat::Int4 => GROUP,
             CellFormat::Bf16 => 64,
-            CellFormat::Int4Columns => COL_CELL_COLS,
             CellFormat::Int8 => 128,
         }
     }
@@ -76,8 +66,6 @@ impl CellFormat {
 #[derive(Clone, Copy, Debug)]
 pub enum Weights<'a> {
     Int4(&'a Int4Matrix),
-    /// Cut into column cells ([`CellFormat::Int4Columns`]).
-    Int4Columns(&'a Int4Matrix),
     /// Row-major bf16 bits.
     Bf16 {
         rows: usize,
@@ -91,7 +79,7 @@ pub enum Weights<'a> {
 impl Weights<'_> {
     fn shape(&self) -> (usize, usize) {
         match self {
-            Weights::Int4(m) | Weights::Int4Columns(m) => (m.rows, m.cols),
+            Weights::Int4(m) => (m.rows, m.cols),
             Weights::Bf16 { rows, cols, .. } => (*rows, *cols),
             Weights::Int8(m) => (m.rows, m.cols),
         }
@@ -100,7 +88,6 @@ impl Weights<'_> {
         match self {
             Weights::Int4(_) => CellFormat::Int4,
             Weights::Bf16 { .. } => CellFormat::Bf16,
-            Weights::Int4Columns(_) => CellFormat::Int4Columns,
             Weights::Int8(_) => CellFormat::Int8,
         }
     }
@@ -126,35 +113,26 @@ pub struct OpPlan {
     /// The input's length (K).
     pub k: usize,
     pub format: CellFormat,
-    /// Cells per tile (K / cell columns); for column cells, per column block (rows / 96,
-    /// rounded up).
+    /// Cells per tile (K / cell columns).
     pub groups: usize,
     /// K slices per tile; unit `u` is slice `u / tiles` of tile `u % tiles` (slice-major, so an
-    /// SM's few units of an operation share one or two slices). For column cells: copies of
-    /// each column block, one per K slice of the row operation before it (whose units these
-    /// then match one for one: unit `u` multiplies slice `u / tiles`'s partial of its input).
+    /// SM's few units of an operation share one or two slices).
     pub splits: usize,
     /// The SMs its units are dealt over, ascending (empty: all of them).
     pub sms: Vec<usize>,
 }
 
 impl OpPlan {
-    /// Row tiles, or column blocks for column cells (the units before K splits).
+    /// Row tiles (the units before K splits).
     pub fn tiles(&self) -> usize {
-        match self.format {
-            CellFormat::Int4Columns => self.k / COL_CELL_COLS,
-            _ => self.rows / CELL_ROWS,
-        }
+        self.rows / CELL_ROWS
     }
     pub fn units(&self) -> usize {
         self.tiles() * self.splits
     }
-    /// Cells per unit (a column block's copy holds all of its cells).
+    /// Cells per unit.
     pub fn unit_groups(&self) -> usize {
-        match self.format {
-            CellFormat::Int4Columns => self.groups,
-            _ => self.groups / self.splits,
-        }
+        self.groups / self.splits
     }
     /// SM `s`'s units: `[first, first + count)` (in order over `sms`; an SM outside them has
     /// none, its `first` where the next one's begins).
@@ -258,9 +236,6 @@ pub struct Streams {
 pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, String> {
     let first = ops.first().ok_or("no operations")?;
     let format = first.weights.format();
-    if format == CellFormat::Int4Columns {
-        return Err("the first operation takes row cells".into());
-    }
     if n_sm == 0 || warps == 0 {
         return Err("no SMs or no warps".into());
     }
@@ -268,41 +243,13 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
     for (i, op) in ops.iter().enumerate() {
         let (rows, cols) = op.weights.shape();
         let f = op.weights.format();
-        // Column cells share the int4 cells' ring, int8 cells the bf16 cells' (the same sizes).
-        if f != format
-            && !(f == CellFormat::Int4Columns && format == CellFormat::Int4)
-            && !(f == CellFormat::Int8 && format == CellFormat::Bf16)
-        {
+        // int8 cells share the bf16 cells' ring (the same size).
+        if f != format && !(f == CellFormat::Int8 && format == CellFormat::Bf16) {
             return Err(format!(
                 "operation {i}: every operation needs the same cell format"
             ));
         }
-        let mut plan = if f == CellFormat::Int4Columns {
-            // Whole 16-column blocks within 128-column groups, any number of rows.
-            if rows == 0 || cols == 0 || cols % GROUP != 0 {
-                return Err(format!(
-                    "operation {i}: {rows} x {cols} is not whole {COL_CELL_COLS}-column blocks of int4 groups"
-                ));
-            }
-            // One copy of each block per K slice of the row operation before it when the
-            // blocks are its tiles (its outputs' columns): then the units match one for one and
-            // are dealt alike.
-            let tiles = cols / COL_CELL_COLS;
-            let copies = match plans.last() {
-                Some(prev) if prev.format != CellFormat::Int4Columns && prev.tiles() == tiles => {
-                    prev.splits
-                }
-                _ => 1,
-            };
-            OpPlan {
-                rows,
-                k: cols,
-                format: f,
-                groups: rows.div_ceil(COL_CELL_ROWS),
-                splits: copies,
-                sms: Vec::new(),
-            }
-        } else {
+        let mut plan = {
             if rows == 0 || rows % CELL_ROWS != 0 || cols == 0 || cols % f.cols() != 0 {
                 return Err(format!(
                     "operation {i}: {rows} x {cols} is not whole {CELL_ROWS} x {} cells",
@@ -319,8 +266,7 @@ pub fn build(ops: &[StreamOp], n_sm: usize, warps: usize) -> Result<Streams, Str
                 sms: Vec::new(),
             }
         };
-        // (Column cells go where the row tiles they match went: never away from them.)
-        if let (true, Some(prev)) = (op.after_prev && f != CellFormat::Int4Columns, plans.last()) {
+        if let (true, Some(prev)) = (op.after_prev, plans.last()) {
             plan.sms = away_from(prev, &plan, n_sm, warps);
         }
         plans.push(plan);
@@ -454,14 +400,6 @@ fn sm_order(plan: &OpPlan, n_sm: usize, warps: usize, s: usize) -> Vec<(usize, u
     let (u0, nt) = plan.sm_units(n_sm, s);
     let gu = plan.unit_groups();
     let mut out = Vec::with_capacity(nt * gu);
-    if plan.format == CellFormat::Int4Columns {
-        // Unit by unit (a copy of column block u % tiles), cell by cell: the consumer warps take
-        // them in turn (ss_ple_columns).
-        for u in u0..u0 + nt {
-            out.extend((0..gu).map(|c| (u % plan.tiles(), c)));
-        }
-        return out;
-    }
     let mut p = 0;
     while p * warps < nt {
         let q = pass_of(nt, p, gu, warps);
@@ -498,26 +436,6 @@ fn encode_cell(w: &Weights, tile: usize, group: usize, out: &mut [u8]) {
                 }
                 let scale = m.scales[row * (m.cols / GROUP) + group];
                 out[1024 + 2 * rr..1024 + 2 * rr + 2].copy_from_slice(&scale.to_le_bytes());
-            }
-        }
-        Weights::Int4Columns(m) => {
-            // Row rr of the cell is row 96 group + rr of the matrix (zeros past its end), its
-            // 16 columns those of block `tile`.
-            let gs = m.cols / GROUP;
-            for rr in 0..COL_CELL_ROWS {
-                let row = group * COL_CELL_ROWS + rr;
-                if row >= m.rows {
-                    break;
-                }
-                for j in 0..COL_CELL_COLS / 2 {
-                    let c = tile * COL_CELL_COLS + 2 * j;
-                    let lo = (m.q(row, c) + 8) as u8;
-                    let hi = (m.q(row, c + 1) + 8) as u8;
-                    out[8 * rr + j] = lo | hi << 4;
-                }
-                let scale = m.scales[row * gs + tile * COL_CELL_COLS / GROUP];
-                let at = 8 * COL_CELL_ROWS + 2 * rr;
-                out[at..at + 2].copy_from_slice(&scale.to_le_bytes());
             }
         }
         Weights::Int8(m) => {
@@ -643,9 +561,6 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
     let cell = plan.format.bytes();
     let cols = plan.format.cols();
     let gu = plan.unit_groups();
-    if plan.format == CellFormat::Int4Columns {
-        return walk_columns(st, op, x);
-    }
     assert_eq!(x.len(), plan.k, "input length");
     let mut parts = vec![0.0f32; plan.splits * plan.rows];
     for s in 0..st.n_sm {
@@ -715,53 +630,6 @@ pub fn walk(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// [`walk`] of a column operation: each SM's cells in turn from its share's first, unit by unit
-/// (a copy of a column block: its 16 columns of every row), as the fused PLE operation's warps
-/// take them; the units' products added per row in unit order (the kernel adds them in fixed
-/// point, in any order). `x`: one input of `k` values per copy (`splits` of them: the K slices'
-/// partials of the row operation's outputs), so the result is the product of their sum.
-fn walk_columns(st: &Streams, op: usize, x: &[f32]) -> Vec<f32> {
-    let plan = &st.ops[op];
-    assert_eq!(x.len(), plan.k * plan.splits, "input length (one per copy)");
-    let cell = plan.format.bytes();
-    let gu = plan.unit_groups();
-    let mut parts = vec![0.0f32; plan.units() * plan.rows];
-    for s in 0..st.n_sm {
-        let share = st.sm_shares(s)[op];
-        let base = st.sm_base[s] + share.first_cell as usize;
-        for i in 0..share.units as usize * gu {
-            let (unit, c) = (share.first_unit as usize + i / gu, i % gu);
-            let pos = base + i;
-            let vals = decode_column_cell(&st.bytes[pos * cell..(pos + 1) * cell]);
-            let (copy, block) = (unit / plan.tiles(), unit % plan.tiles());
-            let xb = &x[copy * plan.k + block * COL_CELL_COLS..][..COL_CELL_COLS];
-            for (rr, row) in vals.iter().enumerate() {
-                let r = c * COL_CELL_ROWS + rr;
-                if r < plan.rows {
-                    parts[unit * plan.rows + r] +=
-                        row.iter().zip(xb).map(|(w, v)| w * v).sum::<f32>();
-                }
-            }
-        }
-    }
-    (0..plan.rows)
-        .map(|r| (0..plan.units()).map(|u| parts[u * plan.rows + r]).sum())
-        .collect()
-}
-
-/// A column cell's 96 rows of 16 values, read as the kernel's lane reads its rows (8 bytes of
-/// nibbles, then the row's scale).
-fn decode_column_cell(b: &[u8]) -> Vec<[f32; COL_CELL_COLS]> {
-    (0..COL_CELL_ROWS)
-        .map(|rr| {
-            let at = 8 * COL_CELL_ROWS + 2 * rr;
-            let s = f32::from_bits((u16::from_le_bytes([b[at], b[at + 1]]) as u32) << 16);
-            let w = u64::from_le_bytes(b[8 * rr..8 * rr + 8].try_into().unwrap());
-            std::array::from_fn(|c| (((w >> (4 * c)) & 0xF) as i32 - 8) as f32 * s)
-        })
-        .collect()
-}
-
 /// A cell's 16 rows of values, read the way the kernel's lanes read them.
 fn decode_cell(format: CellFormat, b: &[u8]) -> Vec<Vec<f32>> {
     let word = |i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
@@ -784,7 +652,6 @@ fn decode_cell(format: CellFormat, b: &[u8]) -> Vec<Vec<f32>> {
                     }
                 }
             }
-            CellFormat::Int4Columns => unreachable!("column cells: decode_column_cell"),
             CellFormat::Int8 => {
                 // Load t, word j: row g + 8 (j % 2), columns 32 t + 16 (j / 2) + 4 c + i
                 // (the q values; the scales are applied by the caller).
@@ -1263,115 +1130,6 @@ mod tests {
         assert!((0..132).all(|s| st.ops[1].sm_units(132, s).1 <= 5));
         let x = input(proj.cols);
         assert!(close(&walk(&st, 1, &x), &gemv(&proj.dequantize(), &x)));
-    }
-
-    /// A GEMV (`whole` along K or not) followed by a column operation over its outputs, built
-    /// on `n_sm` SMs; every SM's units of the two are the same, its column cells right after
-    /// its row cells.
-    fn rows_then_columns(
-        rows: &Int4Matrix,
-        whole: bool,
-        cols: &Int4Matrix,
-        n_sm: usize,
-        warps: usize,
-    ) -> Streams {
-        let ops = [
-            StreamOp {
-                weights: Weights::Int4(rows),
-                whole,
-                after_prev: false,
-                max_splits: 0,
-            },
-            StreamOp {
-                weights: Weights::Int4Columns(cols),
-                whole: true,
-                after_prev: true,
-                max_splits: 0,
-            },
-        ];
-        let st = build(&ops, n_sm, warps).unwrap();
-        let (r, c) = (&st.ops[0], &st.ops[1]);
-        assert!(c.sms.is_empty());
-        for s in 0..n_sm {
-            assert_eq!(r.sm_units(n_sm, s), c.sm_units(n_sm, s), "SM {s}");
-            let sh = st.sm_shares(s);
-            assert_eq!(
-                sh[1].first_cell,
-                sh[0].first_cell + sh[0].units * r.unit_groups() as u32
-            );
-        }
-        st
-    }
-
-    /// A whole GEMV followed by a column operation over its outputs (the fused PLE gate and
-    /// projection): each SM's column blocks are its row tiles of the first, and the column cells
-    /// walk back to the plain product, rows past a cell's end included.
-    #[test]
-    fn column_cells_follow_the_row_tiles_and_walk_back() {
-        for (n_sm, warps, k, rows) in [
-            (7, 4, 2560, 2560),
-            (13, 12, 384, 200),
-            (40, 8, 1280, 96),
-            (132, 11, 2560, 2560),
-        ] {
-            let pd = 256;
-            let gate = quantize_int4(&matrix(pd, k, 41));
-            let proj = quantize_int4(&matrix(rows, pd, 42));
-            let st = rows_then_columns(&gate, true, &proj, n_sm, warps);
-            let (g, c) = (&st.ops[0], &st.ops[1]);
-            assert_eq!((g.splits, c.splits), (1, 1));
-            assert_eq!((c.tiles(), c.groups), (pd / 16, rows.div_ceil(96)));
-            let x = input(k);
-            assert!(close(&walk(&st, 0, &x), &gemv(&gate.dequantize(), &x)));
-            let x = input(pd);
-            assert!(
-                close(&walk(&st, 1, &x), &gemv(&proj.dequantize(), &x)),
-                "{n_sm} SMs, {rows} rows"
-            );
-        }
-        // Column cells first, or of a width that is not whole int4 groups: errors.
-        let m = quantize_int4(&matrix(96, 128, 43));
-        let col = StreamOp {
-            weights: Weights::Int4Columns(&m),
-            whole: true,
-            after_prev: false,
-            max_splits: 0,
-        };
-        assert!(build(&[col], 4, 4).is_err());
-    }
-
-    /// A column operation after a K-split GEMV over its outputs' columns (the planned split PLE
-    /// gate: Wg's columns beside down): one copy of each block per K slice, dealt as that GEMV's
-    /// units, each copy multiplying its slice's partial, so the sum is the product of the whole.
-    #[test]
-    fn column_copies_match_a_split_gemv_unit_for_unit() {
-        for (n_sm, warps) in [(32, 4), (13, 11), (132, 11)] {
-            let (rows, k) = if n_sm == 132 {
-                (2560, 10240)
-            } else {
-                (128, 512)
-            };
-            let down = quantize_int4(&matrix(rows, k, 51));
-            let gate = quantize_int4(&matrix(256, rows, 52));
-            let st = rows_then_columns(&down, false, &gate, n_sm, warps);
-            let (d, c) = (&st.ops[0], &st.ops[1]);
-            assert!(d.splits > 1, "{n_sm} SMs: the row GEMV is split");
-            assert_eq!(
-                (c.splits, c.tiles(), c.units()),
-                (d.splits, d.tiles(), d.units())
-            );
-            assert_eq!(c.unit_groups(), 3);
-            let parts: Vec<f32> = (0..d.splits)
-                .flat_map(|j| input(rows).into_iter().map(move |v| v * (j as f32 + 0.5)))
-                .collect();
-            let whole: Vec<f32> = (0..rows)
-                .map(|r| (0..d.splits).map(|j| parts[j * rows + r]).sum())
-                .collect();
-            assert!(
-                close(&walk(&st, 1, &parts), &gemv(&gate.dequantize(), &whole)),
-                "{n_sm} SMs"
-            );
-        }
     }
 
     #[test]

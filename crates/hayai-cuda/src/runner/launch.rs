@@ -182,48 +182,6 @@ pub(crate) struct StreamParams {
     pub(crate) sc_base: u64,
     pub(crate) sc_from: u64,
 }
-/// The streamed step's fused per-layer-embedding operation (kernels/step.cu `PleFusedParams`).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub(crate) struct PleFusedParams {
-    /// The gate's GEMV (whole along K).
-    pub(crate) g: GemvParams,
-    /// The layer's per-layer input (the projection's `act_mult` in the launch plan).
-    pub(crate) act_mult: u64,
-    /// `[p_rows]` u64: this layer's accumulator (fixed point, 2^-32 units).
-    pub(crate) acc: u64,
-    /// `[p_rows]` u64: the accumulator this operation zeroes (the previous layer's).
-    pub(crate) zero: u64,
-    pub(crate) p_rows: i32,
-    pub(crate) pad: i32,
-}
-const _: () = assert!(std::mem::size_of::<PleFusedParams>() == 216);
-const _: () = assert!(std::mem::size_of::<PleFusedParams>() <= STEP_OP_BYTES - 8);
-
-/// The streamed step's split per-layer-embedding gate (kernels/step.cu `PleSplitParams`): the
-/// record of gate/up (kind 6), of down (kind 7) and of the projection (kind 8) in that form.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub(crate) struct PleSplitParams {
-    pub(crate) g: GemvParams,
-    /// gate/up: its first tile of the gate's rows.
-    pub(crate) a_tile: i32,
-    /// The gate's rows.
-    pub(crate) p_rows: i32,
-    /// down: the post-feed-forward norm's weight.
-    pub(crate) wf: u64,
-    /// `[p_rows]` u64: this layer's accumulator of the gate's down part (fixed point, 2^-32).
-    pub(crate) acc: u64,
-    /// down: the accumulator it zeroes (the previous layer's).
-    pub(crate) zero: u64,
-    /// The projection: the gate's gate/up part (gate/up's rows from `a_tile` 16 on).
-    pub(crate) a_in: u64,
-    /// The projection: the residual's width.
-    pub(crate) h_cols: i32,
-    pub(crate) pad: i32,
-}
-const _: () = assert!(std::mem::size_of::<PleSplitParams>() == 232);
-const _: () = assert!(std::mem::size_of::<PleSplitParams>() <= STEP_OP_BYTES - 8);
 
 /// Consumer warps per SM of the streamed step (kernels/stream_step.cu `SS_NW`: 11, or what a
 /// measurement build's `-DSS_NW=N` set, as build.rs reports it), its threads, and the bytes of

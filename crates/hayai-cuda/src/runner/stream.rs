@@ -4,7 +4,7 @@
 //! (`step_streams`), while its consumer warps run the operations.
 
 use super::*;
-use crate::step_streams::{step_streams, PleForm};
+use crate::step_streams::step_streams;
 use crate::stream_layout::{CellFormat, OpPlan, SmShare, Streams};
 
 /// Ring depths the kernel is compiled for (`decode_stream_r{N}`), deepest first.
@@ -59,12 +59,6 @@ pub(super) fn stream_config(
     } else {
         (rings, chunk)
     };
-    if !(quant == Quant::Int4 && int8_act) && (built_with(PLE_FUSED.1) || built_with(PLE_SPLIT.1)) {
-        return Err(CudaError::Unsupported(
-            "streamed step: a build with the fused or split PLE forms has only W4A8 kernels (--quant int4-a8)"
-                .into(),
-        ));
-    }
     if max_cols > 96 * 128 {
         return Err(CudaError::Unsupported(format!(
             "streamed step: GEMV width {max_cols} (at most 12,288)"
@@ -130,25 +124,6 @@ impl CudaRunner {
     ) -> Result<Launch, CudaError> {
         let cfg = self.step_kernel.as_ref().expect("stream config");
         let (kernel, grid, smem, x_floats) = (cfg.kernel, cfg.grid, cfg.smem, cfg.x_floats);
-        for (var, define, what) in [PLE_FUSED, PLE_SPLIT] {
-            if std::env::var(var).as_deref() == Ok("1") && !built_with(define) {
-                return Err(CudaError::Unsupported(format!(
-                    "{var}=1: these kernels have no {what} (a measurement build: \
-                     HAYAI_CUDA_DEFINES={define})"
-                )));
-            }
-        }
-        // (W4A8 only: `stream_config` refused such builds for the other formats.)
-        let a8 = self.quant == Quant::Int4 && self.int8_act;
-        let fused = a8 && ple_fused_wanted(&self.model.spec);
-        let split = a8 && ple_split_wanted(&self.model.spec);
-        let form = if fused {
-            PleForm::Fused
-        } else if split {
-            PleForm::Split
-        } else {
-            PleForm::Apart
-        };
         if grid > super::ARGMAX_BLOCKS {
             // The argmax's per-SM results (`ArgmaxParams::own`) have ARGMAX_BLOCKS slots.
             return Err(CudaError::Unsupported(format!(
@@ -156,77 +131,19 @@ impl CudaRunner {
                 super::ARGMAX_BLOCKS
             )));
         }
-        let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, form, head8)?;
+        let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, head8)?;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = self
             .plan
             .iter()
             .map(|l| (l.kernel, l.label, &l.params[..]))
             .collect();
-        // The fused PLE operation's accumulators, one per layer ([layers][hidden] u64), zeroed
-        // here once; each is zeroed again by the next layer's operation after its reader.
-        let accs = if fused {
-            let layers = st.labels.iter().filter(|l| **l == "gemv.ple_gate").count();
-            let rows = self.model.spec.hidden;
-            Some((self.gpu.alloc(layers * rows * 8)?, rows))
-        } else {
-            None
-        };
-        // The split gate's: gate/up's output with the gate's rows after its own (the plan's
-        // buffer has room for gate/up's only), and one accumulator per layer ([layers][gate
-        // rows] u64, zeroed here once; each is zeroed again by the next layer's down).
-        let mut split_mem = None;
-        let split_bufs = match (split, &self.model.spec.ple) {
-            (true, Some(ple)) => {
-                let layers = st
-                    .labels
-                    .iter()
-                    .filter(|l| **l == "gemv.ple_gate_cols")
-                    .count();
-                let gu_rows = st
-                    .labels
-                    .iter()
-                    .zip(&streams.ops)
-                    .filter(|(l, _)| **l == "gemv.gate_up")
-                    .map(|(_, p)| p.rows)
-                    .max()
-                    .unwrap_or(0);
-                let mut max_units = vec![0usize; streams.ops.len()];
-                for s in 0..grid {
-                    for (m, sh) in max_units.iter_mut().zip(streams.sm_shares(s)) {
-                        *m = (*m).max(sh.units as usize);
-                    }
-                }
-                let (gu, acc) = (
-                    self.gpu.alloc(gu_rows * 4)?,
-                    self.gpu.alloc(layers.max(1) * ple.dim * 8)?,
-                );
-                let b = SplitBufs {
-                    gu_out: gu.ptr(),
-                    acc: acc.ptr(),
-                    p_rows: ple.dim,
-                    x_floats,
-                    max_units,
-                };
-                split_mem = Some([gu, acc]);
-                Some(b)
-            }
-            _ => None,
-        };
-        let ple_recs = match (&accs, split_bufs) {
-            (Some((b, rows)), _) => PleRecs::Fused(PleAccs {
-                base: b.ptr(),
-                rows: *rows,
-            }),
-            (None, Some(b)) => PleRecs::Split(b),
-            _ => PleRecs::Apart,
-        };
         let StreamRecords {
             bytes,
             n_gemv,
             pos,
             names,
-        } = stream_records(&ops, &st.labels, &streams.ops, ple_recs)?;
+        } = stream_records(&ops, &st.labels, &streams.ops)?;
         let n = names.len();
         let meta = timeline_meta(&names, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
@@ -301,11 +218,8 @@ impl CudaRunner {
             ops: self.plan.clone(),
             params: p,
             launch: l.clone(),
-            ple: form,
         });
         self.step_bufs = vec![ops, stream, base, cells, shares, done, timing];
-        self.step_bufs.extend(accs.map(|(b, _)| b));
-        self.step_bufs.extend(split_mem.into_iter().flatten());
         self.step_bufs
             .extend(sc.into_iter().flat_map(|(a, b, c)| [a, b, c]));
         Ok(l)
@@ -325,14 +239,6 @@ impl CudaRunner {
         self.gpu.write(self.scratch.step_io.ptr(), &io)?;
         let mut out = Vec::new();
         if let Some(d) = &self.stream_debug {
-            if d.ple != PleForm::Apart {
-                return Err(CudaError::Unsupported(
-                    "operation outputs: not with the streamed step's fused PLE operation or split \
-                     PLE gate (HAYAI_STREAM_PLE_FUSED=0 or HAYAI_STREAM_PLE_SPLIT=0 runs gate and \
-                     projection apart)"
-                        .into(),
-                ));
-            }
             let n = d.ops.len();
             for (k, op) in d.ops.iter().enumerate() {
                 self.gpu.write(d.params.done, &vec![0u32; 2 * n])?;
@@ -539,88 +445,6 @@ pub(crate) struct StreamDebug {
     ops: Vec<Launch>,
     params: StreamParams,
     launch: Launch,
-    /// How the PLE gates and projections run (unless `Apart`, the records are not the plan's
-    /// one to one).
-    ple: PleForm,
-}
-
-/// The fused PLE operation's and the split PLE gate's switches: the variable that turns them
-/// off (`=0`) in a build that has them, the build's define, what they are.
-const PLE_FUSED: (&str, &str, &str) = (
-    "HAYAI_STREAM_PLE_FUSED",
-    "-DSS_PLE_FUSED=1",
-    "fused PLE operation",
-);
-const PLE_SPLIT: (&str, &str, &str) = (
-    "HAYAI_STREAM_PLE_SPLIT",
-    "-DSS_PLE_SPLIT=1",
-    "split PLE gate",
-);
-
-/// Whether the streamed step runs each per-layer-embedding gate and projection as one operation
-/// (kernels/stream_step.cu `ss_ple_columns`): only in a measurement build whose kernels have it
-/// (`HAYAI_CUDA_DEFINES=-DSS_PLE_FUSED=1`, measured slower than the two GEMVs:
-/// docs/performance.md, twenty-fifth session), for models with per-layer embeddings in at least
-/// two layers (each layer's operation zeroes the previous layer's accumulator), unless
-/// `HAYAI_STREAM_PLE_FUSED=0`. Its projection takes the gate's outputs as a bf16 pair
-/// (`MatmulInputs::ple_projection`), which `check::set_decode_twin` gives the CPU twin.
-pub(crate) fn ple_fused_wanted(spec: &hayai_model::ModelSpec) -> bool {
-    ple_form_wanted(spec, PLE_FUSED)
-}
-
-/// Whether the streamed step splits each per-layer-embedding gate between gate/up and down
-/// (kernels/stream_step.cu `SS_PLE_SPLIT`, docs/streamed-step.md; measured slower than the
-/// gate's operation: docs/performance.md, twenty-seventh session): only in a measurement build
-/// whose kernels have it (`HAYAI_CUDA_DEFINES=-DSS_PLE_SPLIT=1`), for models with per-layer
-/// embeddings in at least two layers (each layer's down zeroes the previous layer's
-/// accumulator), unless `HAYAI_STREAM_PLE_SPLIT=0`. `check::set_decode_twin` gives the CPU twin
-/// the same split (`CpuRunner::set_ple_gate_split`).
-pub(crate) fn ple_split_wanted(spec: &hayai_model::ModelSpec) -> bool {
-    ple_form_wanted(spec, PLE_SPLIT)
-}
-
-/// A PLE form's switch ([`PLE_FUSED`], [`PLE_SPLIT`]) on for `spec`: built, per-layer
-/// embeddings in at least two layers, not turned off.
-fn ple_form_wanted(spec: &hayai_model::ModelSpec, (var, define, _): (&str, &str, &str)) -> bool {
-    built_with(define)
-        && spec.ple.is_some()
-        && spec.layers.len() >= 2
-        && std::env::var(var).as_deref() != Ok("0")
-}
-
-/// Whether the kernels were built with this `HAYAI_CUDA_DEFINES` entry.
-fn built_with(define: &str) -> bool {
-    option_env!("HAYAI_CUDA_DEFINES_BUILT")
-        .unwrap_or("")
-        .split_whitespace()
-        .any(|d| d == define)
-}
-
-/// The fused PLE operation's accumulators: `[layers][rows]` u64 from `base`.
-#[derive(Clone, Copy, Debug)]
-struct PleAccs {
-    base: u64,
-    rows: usize,
-}
-
-/// What the split PLE gate's records need beside the plan's: gate/up's output buffer (its rows
-/// and the gate's), the accumulators (`[layers][p_rows]` u64 from `acc`), the shared floats of
-/// the GEMV input area and each stream operation's most units on one SM.
-#[derive(Clone, Debug)]
-struct SplitBufs {
-    gu_out: u64,
-    acc: u64,
-    p_rows: usize,
-    x_floats: usize,
-    max_units: Vec<usize>,
-}
-
-/// How `stream_records` turns the plan's PLE gates and projections into records.
-#[derive(Clone, Debug)]
-enum PleRecs {
-    Apart,
-    Fused(PleAccs),
-    Split(SplitBufs),
 }
 
 /// What the streamed step's timeline dump needs beside the raw stamps.
@@ -662,14 +486,11 @@ fn timeline_meta(ops: &[(&str, &str)], streams: &Streams, grid: usize) -> String
 /// its per-SM shares, then the parameters), checked against the streams: the same GEMVs in the
 /// same order with the same shapes and K splits (labels from `step_streams`), and the attentions
 /// against what the kernel assumes of them: one position for all (it reads it once; head dims:
-/// `stream_config`). With `ple` (streams laid out for it), each PLE gate and projection become
-/// one fused record (kind 5, the gate's ordinal: its share and then the column operation's) and
-/// the GEMV after it reads the layer's accumulator instead of the projection's partials.
+/// `stream_config`).
 fn stream_records(
     ops: &[(&'static str, &'static str, &[u64])],
     labels: &[&str],
     plans: &[OpPlan],
-    ple: PleRecs,
 ) -> Result<StreamRecords, CudaError> {
     let err = |m: String| CudaError::Unsupported(format!("streamed step: {m}"));
     if ops.len() < 2 {
@@ -702,29 +523,11 @@ fn stream_records(
                 .get(gi)
                 .zip(labels.get(gi))
                 .ok_or_else(|| err("more GEMVs than streams".into()))?;
-            // Fused, the gate is whole along K (the stream's split, not the plan's) and the
-            // projection's split is not used.
-            let columns = plan.format == CellFormat::Int4Columns;
-            let split = matches!(ple, PleRecs::Split(_));
-            let fused_gate = matches!(ple, PleRecs::Fused(_)) && label == "gemv.ple_gate";
-            // Split: the gate's stream is its column cells (after down's), and gate/up's holds
-            // the gate's rows after its own (`split_ple_records` checks how many).
-            let split_gate = split && label == "gemv.ple_gate" && *want == "gemv.ple_gate_cols";
-            let split_gu = split && label == "gemv.gate_up" && plan.rows > rows;
-            if (*want != label && !split_gate)
-                || (plan.rows != rows && !split_gu)
-                || plan.k != cols
-                || !(plan.splits == splits || fused_gate || columns)
-                || (columns && matches!(ple, PleRecs::Apart))
-            {
+            if *want != label || plan.rows != rows || plan.k != cols || plan.splits != splits {
                 return Err(err(format!(
                     "GEMV {gi} ({label}, {rows} x {cols}, {splits} K splits) does not match its stream ({want}, {} x {}, {})",
                     plan.rows, plan.k, plan.splits
                 )));
-            }
-            if fused_gate {
-                g.splits = plan.splits as i32;
-                write_param(&mut words, 0, &g);
             }
             // The int8 output head: int8 cells in the stream, marked for the kernel
             // (stream_step.cu SS_W_INT8), and only those.
@@ -786,11 +589,6 @@ fn stream_records(
             plans.len()
         )));
     }
-    match ple {
-        PleRecs::Apart => {}
-        PleRecs::Fused(acc) => recs = fuse_ple_records(recs, plans, acc)?,
-        PleRecs::Split(b) => recs = split_ple_records(recs, plans, &b)?,
-    }
     let mut bytes = vec![0u8; recs.len() * STEP_OP_BYTES];
     for (r, op) in recs.iter().zip(bytes.chunks_mut(STEP_OP_BYTES)) {
         op[0..4].copy_from_slice(&r.kind.to_le_bytes());
@@ -817,254 +615,6 @@ struct Rec {
     label: &'static str,
     /// An argmax stage over each SM's own lm_head rows (`ArgmaxParams::own`).
     own: bool,
-}
-
-/// The layers with a PLE gate: at least two, as the fused and split forms need (each layer's
-/// operation zeroes the previous layer's accumulator).
-fn ple_gate_layers(recs: &[Rec]) -> Result<usize, String> {
-    let layers = recs.iter().filter(|r| r.label == "gemv.ple_gate").count();
-    if layers < 2 {
-        return Err(format!(
-            "{layers} layers with per-layer embeddings (at least 2)"
-        ));
-    }
-    Ok(layers)
-}
-
-/// Each `gemv.ple_gate` record and the `gemv.ple_proj` after it as one fused record (kernels/step.cu
-/// `PleFusedParams`): layer l's sums go to accumulator l, and its operation zeroes accumulator
-/// l - 1 (the first layer's, the last's: read by lm_head in the step before). The next GEMV (the
-/// next layer's QKV, or lm_head) must read the projection's output; it reads the accumulator
-/// instead (`in_splits` -1).
-fn fuse_ple_records(recs: Vec<Rec>, plans: &[OpPlan], acc: PleAccs) -> Result<Vec<Rec>, CudaError> {
-    let err = |m: String| CudaError::Unsupported(format!("streamed step: fused PLE: {m}"));
-    let layers = ple_gate_layers(&recs).map_err(err)?;
-    let at = |l: usize| acc.base + (l * acc.rows * 8) as u64;
-    let mut out = Vec::with_capacity(recs.len());
-    let mut layer = 0;
-    // The projection's output, and the accumulator its reader takes instead.
-    let mut pending: Option<(u64, u64)> = None;
-    let mut i = 0;
-    while i < recs.len() {
-        let mut r = recs[i].clone();
-        if r.kind == 0 {
-            if let Some((from, to)) = pending.take() {
-                let mut g: GemvParams = read_param(&r.words, 0);
-                if g.input != from {
-                    return Err(err(format!(
-                        "{} does not read the projection's output",
-                        r.label
-                    )));
-                }
-                g.input = to;
-                g.in_splits = -1;
-                g.in_ld = 0;
-                write_param(&mut r.words, 0, &g);
-            }
-        }
-        if r.label != "gemv.ple_gate" {
-            out.push(r);
-            i += 1;
-            continue;
-        }
-        let proj = recs
-            .get(i + 1)
-            .filter(|p| p.label == "gemv.ple_proj")
-            .ok_or_else(|| err("a gate without its projection after it".into()))?;
-        let (gp, cp) = (&plans[r.ordinal as usize], &plans[proj.ordinal as usize]);
-        if gp.splits != 1 || cp.format != CellFormat::Int4Columns || gp.tiles() != cp.tiles() {
-            return Err(err("the streams are not laid out for it".into()));
-        }
-        let (g, p): (GemvParams, GemvParams) =
-            (read_param(&r.words, 0), read_param(&proj.words, 0));
-        if p.rows as usize != acc.rows || p.cols != g.rows || p.act_mult == 0 {
-            return Err(err(format!(
-                "gate {} x {}, projection {} x {} (accumulators of {})",
-                g.rows, g.cols, p.rows, p.cols, acc.rows
-            )));
-        }
-        let f = PleFusedParams {
-            g,
-            act_mult: p.act_mult,
-            acc: at(layer),
-            zero: at((layer + layers - 1) % layers),
-            p_rows: p.rows,
-            pad: 0,
-        };
-        let mut words = vec![0u64; std::mem::size_of::<PleFusedParams>().div_ceil(8)];
-        write_param(&mut words, 0, &f);
-        out.push(Rec {
-            kind: 5,
-            ordinal: r.ordinal,
-            words,
-            kernel: "ple_fused",
-            label: "gemv.ple_fused",
-            own: false,
-        });
-        pending = Some((p.out, at(layer)));
-        layer += 1;
-        i += 2;
-    }
-    if pending.is_some() {
-        return Err(err("no GEMV reads the last projection".into()));
-    }
-    Ok(out)
-}
-
-/// Each layer's `gemv.gate_up`, `gemv.down`, `gemv.ple_gate` and `gemv.ple_proj` records in the
-/// split gate's form (kernels/step.cu `PleSplitParams`): gate/up (kind 6) with the gate's rows
-/// after its own, into `gu_out`; down (kind 7) reading it, then the gate's column cells (the
-/// stream operation after down's, its shares next to down's) into layer l's accumulator, zeroing
-/// layer l - 1's (the first layer's, the last's: read in the step before); no gate record; the
-/// projection (kind 8) taking the gate's inputs (down's partials, the residual, the post-feed-
-/// forward norm) and forming its input from the gate's two parts.
-fn split_ple_records(
-    recs: Vec<Rec>,
-    plans: &[OpPlan],
-    b: &SplitBufs,
-) -> Result<Vec<Rec>, CudaError> {
-    let err = |m: String| CudaError::Unsupported(format!("streamed step: split PLE gate: {m}"));
-    let layers = ple_gate_layers(&recs).map_err(err)?;
-    let at = |l: usize| b.acc + (l * b.p_rows * 8) as u64;
-    let words = |p: &PleSplitParams| {
-        let mut w = vec![0u64; std::mem::size_of::<PleSplitParams>().div_ceil(8)];
-        write_param(&mut w, 0, p);
-        w
-    };
-    let mut out = Vec::with_capacity(recs.len());
-    let mut layer = 0;
-    let mut i = 0;
-    while i < recs.len() {
-        if recs.get(i + 2).map(|r| r.label) != Some("gemv.ple_gate") {
-            out.push(recs[i].clone());
-            i += 1;
-            continue;
-        }
-        let four = &recs[i..(i + 4).min(recs.len())];
-        let labels: Vec<&str> = four.iter().map(|r| r.label).collect();
-        if labels
-            != [
-                "gemv.gate_up",
-                "gemv.down",
-                "gemv.ple_gate",
-                "gemv.ple_proj",
-            ]
-        {
-            return Err(err(format!("a gate after {labels:?}")));
-        }
-        let (gu, dn, gt, pj) = (&four[0], &four[1], &four[2], &four[3]);
-        let mut ggu: GemvParams = read_param(&gu.words, 0);
-        let mut gdn: GemvParams = read_param(&dn.words, 0);
-        let ggt: GemvParams = read_param(&gt.words, 0);
-        let mut gpj: GemvParams = read_param(&pj.words, 0);
-        let (gup, dp, cp) = (
-            &plans[gu.ordinal as usize],
-            &plans[dn.ordinal as usize],
-            &plans[gt.ordinal as usize],
-        );
-        let p_rows = ggt.rows as usize;
-        if p_rows != b.p_rows
-            || ggu.splits != 1
-            || ggu.rows % 16 != 0
-            || gup.rows != ggu.rows as usize + p_rows
-            || gup.splits != 1
-        {
-            return Err(err(format!(
-                "gate/up {} rows ({} K splits), its stream {} rows, the gate {p_rows} rows (accumulators of {})",
-                ggu.rows, ggu.splits, gup.rows, b.p_rows
-            )));
-        }
-        if gt.ordinal != dn.ordinal + 1
-            || cp.format != CellFormat::Int4Columns
-            || cp.tiles() != dp.tiles()
-            || cp.splits != dp.splits
-        {
-            return Err(err("the streams are not laid out for it".into()));
-        }
-        if gdn.input != ggu.out
-            || gdn.in_glu == 0
-            || ggt.input != gdn.out
-            || ggt.res_in == 0
-            || ggt.res_out == 0
-            || ggt.res_w == 0
-            || ggt.norm_w != 0
-            || gpj.input != ggt.out
-            || gpj.cols != ggt.rows
-            || gpj.act_mult == 0
-        {
-            return Err(err(
-                "gate/up, down, the gate and the projection do not feed each other as the split \
-                 needs"
-                    .into(),
-            ));
-        }
-        // Shared floats: gate/up's residual copy (its prologue constants, 4 x cols), down's
-        // weighted rows and its units' products, the projection's x, down's output, the
-        // residual and the norm's weight.
-        let units = b.max_units.get(dn.ordinal as usize).copied().unwrap_or(0);
-        let need = [
-            4 * ggu.cols as usize,
-            (16 + p_rows) * units,
-            gpj.cols as usize + 3 * ggt.cols as usize,
-        ];
-        if need.iter().any(|&n| n > b.x_floats) {
-            return Err(err(format!(
-                "shared floats {need:?} (the GEMV input area holds {})",
-                b.x_floats
-            )));
-        }
-        let a_tile = ggu.rows / 16;
-        ggu.rows = gup.rows as i32;
-        ggu.out = b.gu_out;
-        out.push(Rec {
-            kind: 6,
-            words: words(&PleSplitParams {
-                g: ggu,
-                a_tile,
-                p_rows: p_rows as i32,
-                ..Default::default()
-            }),
-            ..gu.clone()
-        });
-        gdn.input = b.gu_out;
-        out.push(Rec {
-            kind: 7,
-            words: words(&PleSplitParams {
-                g: gdn,
-                p_rows: p_rows as i32,
-                wf: ggt.res_w,
-                acc: at(layer),
-                zero: at((layer + layers - 1) % layers),
-                ..Default::default()
-            }),
-            // (Two streams: scripts/stream_timeline.py counts them by this name.)
-            kernel: "ple_split_down",
-            ..dn.clone()
-        });
-        gpj.input = ggt.input;
-        gpj.in_splits = ggt.in_splits;
-        gpj.in_ld = ggt.in_ld;
-        gpj.res_in = ggt.res_in;
-        gpj.res_w = ggt.res_w;
-        gpj.res_out = ggt.res_out;
-        gpj.res_scalar = ggt.res_scalar;
-        gpj.eps = ggt.eps;
-        out.push(Rec {
-            kind: 8,
-            words: words(&PleSplitParams {
-                g: gpj,
-                p_rows: p_rows as i32,
-                acc: at(layer),
-                a_in: b.gu_out + (a_tile as u64) * 16 * 4,
-                h_cols: ggt.cols,
-                ..Default::default()
-            }),
-            ..pj.clone()
-        });
-        layer += 1;
-        i += 4;
-    }
-    Ok(out)
 }
 
 /// What `stream_records` makes of a plan: the operation records, the number of GEMVs, the
@@ -1299,7 +849,7 @@ mod tests {
             n_gemv: n,
             pos,
             names,
-        } = stream_records(&ops, &labels, &plans, PleRecs::Apart).unwrap();
+        } = stream_records(&ops, &labels, &plans).unwrap();
         assert_eq!(names.len(), 4);
         assert_eq!(names[1], ("attn_split", "attention"));
         assert_eq!((n, pos), (2, 0x1004));
@@ -1345,13 +895,8 @@ mod tests {
                 ("argmax_stage1", "argmax", &a1[..]),
                 ("argmax_stage2", "argmax", &a1[..]),
             ];
-            let r = stream_records(
-                &ops,
-                &["gemv.lm_head"],
-                &[plan(64, 2, splits as usize)],
-                PleRecs::Apart,
-            )
-            .unwrap();
+            let r =
+                stream_records(&ops, &["gemv.lm_head"], &[plan(64, 2, splits as usize)]).unwrap();
             assert_eq!(record_i32(&r, 1, own_at), want, "splits {splits}");
             assert_eq!(record_i32(&r, 2, own_at), want, "splits {splits}");
             // Everything else as the plan gave it.
@@ -1365,7 +910,7 @@ mod tests {
             ("argmax_stage1", "argmax", &other[..]),
             ("argmax_stage2", "argmax", &other[..]),
         ];
-        let r = stream_records(&ops, &["gemv.lm_head"], &[plan(64, 2, 1)], PleRecs::Apart).unwrap();
+        let r = stream_records(&ops, &["gemv.lm_head"], &[plan(64, 2, 1)]).unwrap();
         assert_eq!(
             (record_i32(&r, 1, own_at), record_i32(&r, 2, own_at)),
             (0, 0)
@@ -1385,7 +930,7 @@ mod tests {
             (vec!["gemv.o"], vec![plan(64, 2, 2)]),
             (vec![], vec![]),
         ] {
-            let e = stream_records(&ops, &labels, &plans, PleRecs::Apart)
+            let e = stream_records(&ops, &labels, &plans)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("streamed step"), "{e}");
@@ -1395,7 +940,6 @@ mod tests {
             &ops,
             &["gemv.qkv", "gemv.o"],
             &[plan(64, 2, 2), plan(16, 1, 1)],
-            PleRecs::Apart,
         )
         .unwrap_err()
         .to_string();
@@ -1404,7 +948,7 @@ mod tests {
             ("gemv_mma", "gemv.qkv", &qkv[..]),
             ("argmax_stage2", "argmax", &qkv[..]),
         ];
-        let e = stream_records(&odd, &["gemv.qkv"], &[plan(64, 2, 2)], PleRecs::Apart)
+        let e = stream_records(&odd, &["gemv.qkv"], &[plan(64, 2, 2)])
             .unwrap_err()
             .to_string();
         assert!(e.contains("no operation for kernel gemv_mma"), "{e}");
@@ -1425,313 +969,8 @@ mod tests {
         ] {
             let mut ops = ops;
             ops.push(("argmax_stage2", "argmax", &qkv[..]));
-            let e = stream_records(&ops, &[], &[], PleRecs::Apart)
-                .unwrap_err()
-                .to_string();
+            let e = stream_records(&ops, &[], &[]).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
-    }
-
-    /// Two layers' PLE gates and projections as fused records: each the gate's parameters
-    /// (whole along K), the projection's per-layer input, its layer's accumulator and the
-    /// previous one's to zero; the GEMV after it reads the accumulator.
-    #[test]
-    fn fused_ple_records_take_the_gate_and_projection_and_feed_the_next_gemv() {
-        let gemv_p = |rows, cols, splits, input: u64, out: u64, act_mult: u64| {
-            let p = GemvParams {
-                rows,
-                cols,
-                splits,
-                input,
-                out,
-                act_mult,
-                in_splits: 2,
-                ..Default::default()
-            };
-            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
-            write_param(&mut w, 0, &p);
-            w
-        };
-        let (hid, pd) = (256usize, 32usize);
-        let qkv = gemv_p(64, hid as i32, 1, 0x900, 0xA00, 0);
-        let gate = |l: u64| gemv_p(pd as i32, hid as i32, 2, 0xB00 + l, 0xC00, 0);
-        let proj = |l: u64| gemv_p(hid as i32, pd as i32, 2, 0xC00, 0xD00 + l, 0xE00 + l);
-        let head = gemv_p(128, hid as i32, 1, 0xD01, 0xF00, 0);
-        let (g0, p0, g1, p1) = (gate(0), proj(0), gate(1), proj(1));
-        let qkv1 = gemv_p(64, hid as i32, 1, 0xD00, 0xA00, 0);
-        let ops = [
-            ("gemv", "gemv.qkv", &qkv[..]),
-            ("gemv", "gemv.ple_gate", &g0[..]),
-            ("gemv", "gemv.ple_proj", &p0[..]),
-            ("gemv", "gemv.qkv", &qkv1[..]),
-            ("gemv", "gemv.ple_gate", &g1[..]),
-            ("gemv", "gemv.ple_proj", &p1[..]),
-            ("gemv", "gemv.lm_head", &head[..]),
-            ("argmax_stage1", "argmax", &qkv[..]),
-        ];
-        let labels: Vec<&str> = ops.iter().filter(|o| o.0 == "gemv").map(|o| o.1).collect();
-        let col = |rows: usize| OpPlan {
-            rows,
-            k: pd,
-            format: CellFormat::Int4Columns,
-            groups: rows.div_ceil(96),
-            splits: 1,
-            sms: Vec::new(),
-        };
-        let plans = [
-            plan(64, 2, 1),
-            plan(pd, 2, 1),
-            col(hid),
-            plan(64, 2, 1),
-            plan(pd, 2, 1),
-            col(hid),
-            plan(128, 2, 1),
-        ];
-        let acc = PleAccs {
-            base: 0x10000,
-            rows: hid,
-        };
-        let r = stream_records(&ops, &labels, &plans, PleRecs::Fused(acc)).unwrap();
-        assert_eq!(r.n_gemv, 7);
-        let kinds: Vec<&str> = r.names.iter().map(|n| n.0).collect();
-        assert_eq!(
-            kinds,
-            [
-                "gemv",
-                "ple_fused",
-                "gemv",
-                "ple_fused",
-                "gemv",
-                "argmax_stage1"
-            ]
-        );
-        let (rec, word) = (|i| record_words(&r, i), |i, at| record_i32(&r, i, at));
-        let layer = (hid * 8) as u64;
-        for (i, l, ordinal) in [(1usize, 0u64, 1), (3, 1, 4)] {
-            assert_eq!((word(i, 0), word(i, 4)), (5, ordinal));
-            let f: PleFusedParams = read_param(&rec(i), 0);
-            assert_eq!((f.g.rows, f.g.splits, f.g.input), (pd as i32, 1, 0xB00 + l));
-            assert_eq!((f.act_mult, f.p_rows), (0xE00 + l, hid as i32));
-            assert_eq!(
-                (f.acc, f.zero),
-                (0x10000 + l * layer, 0x10000 + (1 - l) * layer)
-            );
-            // The GEMV after it reads the accumulator.
-            let next: GemvParams = read_param(&rec(i + 1), 0);
-            assert_eq!((next.input, next.in_splits), (f.acc, -1));
-        }
-        let first: GemvParams = read_param(&rec(0), 0);
-        assert_eq!((first.input, first.in_splits), (0x900, 2));
-        // Unfused streams (row cells) refuse fusion; column cells refuse records without it.
-        let unfused: Vec<OpPlan> = plans
-            .iter()
-            .map(|p| {
-                if p.format == CellFormat::Int4Columns {
-                    plan(hid, 1, 2)
-                } else {
-                    p.clone()
-                }
-            })
-            .collect();
-        assert!(stream_records(&ops, &labels, &unfused, PleRecs::Fused(acc)).is_err());
-        assert!(stream_records(&ops, &labels, &plans, PleRecs::Apart).is_err());
-        // The GEMV after a projection must read its output.
-        let stray = gemv_p(128, hid as i32, 1, 0x1234, 0xF00, 0);
-        let mut bad = ops;
-        bad[6] = ("gemv", "gemv.lm_head", &stray[..]);
-        let e = stream_records(&bad, &labels, &plans, PleRecs::Fused(acc))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("does not read the projection's output"), "{e}");
-        // One layer: no previous accumulator to zero.
-        let one = &ops[3..];
-        let e = stream_records(one, &labels[3..], &plans[3..], PleRecs::Fused(acc))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("1 layers"), "{e}");
-    }
-
-    /// Two layers' gate/up, down, PLE gate and projection in the split gate's form: gate/up with
-    /// the gate's rows into the split's buffer, down reading it and adding the gate's down part
-    /// into its layer's accumulator (zeroing the other's), no gate record, the projection taking
-    /// the gate's inputs; and what the split refuses.
-    #[test]
-    fn split_ple_records_move_the_gate_into_gate_up_down_and_the_projection() {
-        let (hid, ffn, pd) = (256i32, 512i32, 128i32);
-        let gp = |rows, cols, splits, input: u64, out: u64| GemvParams {
-            rows,
-            cols,
-            splits,
-            input,
-            out,
-            in_splits: 1,
-            ..Default::default()
-        };
-        let w = |p: &GemvParams| {
-            let mut w = vec![0u64; std::mem::size_of::<GemvParams>().div_ceil(8)];
-            write_param(&mut w, 0, p);
-            w
-        };
-        let layer = |l: u64| {
-            let gu = GemvParams {
-                in_glu: 0,
-                ..gp(2 * ffn, hid, 1, 0x100 + l, 0x200)
-            };
-            let dn = GemvParams {
-                in_glu: 1,
-                ..gp(hid, ffn, 2, 0x200, 0x300)
-            };
-            let gt = GemvParams {
-                in_splits: 2,
-                in_ld: hid,
-                res_in: 0x400 + l,
-                res_out: 0x500 + l,
-                res_w: 0x600 + l,
-                res_scalar: 1.0,
-                eps: 1e-6,
-                ..gp(pd, hid, 1, 0x300, 0x700)
-            };
-            let pj = GemvParams {
-                act_mult: 0x800 + l,
-                ..gp(hid, pd, 1, 0x700, 0x900 + l)
-            };
-            [w(&gu), w(&dn), w(&gt), w(&pj)]
-        };
-        let (l0, l1) = (layer(0), layer(1));
-        let head = w(&gp(128, hid, 1, 0x901, 0xF00));
-        let names = [
-            "gemv.gate_up",
-            "gemv.down",
-            "gemv.ple_gate",
-            "gemv.ple_proj",
-        ];
-        let mut ops: Vec<(&'static str, &'static str, &[u64])> = Vec::new();
-        for l in [&l0, &l1] {
-            for (n, wds) in names.iter().zip(l.iter()) {
-                ops.push(("gemv", n, &wds[..]));
-            }
-        }
-        ops.push(("gemv", "gemv.lm_head", &head[..]));
-        ops.push(("argmax_stage1", "argmax", &head[..]));
-        let cols = OpPlan {
-            rows: pd as usize,
-            k: hid as usize,
-            format: CellFormat::Int4Columns,
-            groups: 2,
-            splits: 2,
-            sms: Vec::new(),
-        };
-        let layer_plans = [
-            plan((2 * ffn + pd) as usize, 2, 1),
-            plan(hid as usize, 4, 2),
-            cols.clone(),
-            plan(hid as usize, 1, 1),
-        ];
-        let plans: Vec<OpPlan> = layer_plans
-            .iter()
-            .chain(layer_plans.iter())
-            .cloned()
-            .chain([plan(128, 2, 1)])
-            .collect();
-        let labels = [
-            "gemv.gate_up",
-            "gemv.down",
-            "gemv.ple_gate_cols",
-            "gemv.ple_proj",
-            "gemv.gate_up",
-            "gemv.down",
-            "gemv.ple_gate_cols",
-            "gemv.ple_proj",
-            "gemv.lm_head",
-        ];
-        let bufs = SplitBufs {
-            gu_out: 0x10000,
-            acc: 0x20000,
-            p_rows: pd as usize,
-            x_floats: 2048,
-            max_units: vec![4; plans.len()],
-        };
-        let r = stream_records(&ops, &labels, &plans, PleRecs::Split(bufs.clone())).unwrap();
-        assert_eq!(r.n_gemv, 9);
-        let (rec, word) = (|i| record_words(&r, i), |i, at| record_i32(&r, i, at));
-        let kinds: Vec<(i32, i32)> = (0..r.names.len())
-            .map(|i| (word(i, 0), word(i, 4)))
-            .collect();
-        assert_eq!(
-            kinds,
-            [
-                (6, 0),
-                (7, 1),
-                (8, 3),
-                (6, 4),
-                (7, 5),
-                (8, 7),
-                (0, 8),
-                (3, 0)
-            ]
-        );
-        let acc = |l: u64| 0x20000 + l * (pd as u64) * 8;
-        for (l, i) in [(0u64, 0usize), (1, 3)] {
-            let gu: PleSplitParams = read_param(&rec(i), 0);
-            assert_eq!(
-                (gu.g.rows, gu.g.out, gu.g.input),
-                (2 * ffn + pd, 0x10000, 0x100 + l)
-            );
-            assert_eq!((gu.a_tile, gu.p_rows), (2 * ffn / 16, pd));
-            let dn: PleSplitParams = read_param(&rec(i + 1), 0);
-            assert_eq!((dn.g.input, dn.g.out, dn.g.splits), (0x10000, 0x300, 2));
-            assert_eq!((dn.wf, dn.acc, dn.zero), (0x600 + l, acc(l), acc(1 - l)));
-            let pj: PleSplitParams = read_param(&rec(i + 2), 0);
-            assert_eq!((pj.g.input, pj.g.in_splits, pj.g.in_ld), (0x300, 2, hid));
-            assert_eq!(
-                (pj.g.res_in, pj.g.res_out, pj.g.res_w, pj.g.act_mult),
-                (0x400 + l, 0x500 + l, 0x600 + l, 0x800 + l)
-            );
-            assert_eq!(
-                (pj.g.eps, pj.g.res_scalar, pj.g.out),
-                (1e-6, 1.0, 0x900 + l)
-            );
-            assert_eq!(
-                (pj.acc, pj.a_in, pj.h_cols),
-                (acc(l), 0x10000 + 2 * ffn as u64 * 4, hid)
-            );
-        }
-        // The next layer's and lm_head's records are the plan's.
-        let head_rec: GemvParams = read_param(&rec(6), 0);
-        assert_eq!(head_rec.input, 0x901);
-        // Refused: too few shared floats, a gate/up stream without the gate's rows, the gate's
-        // column cells not after down, a projection that does not read the gate, one layer.
-        let small = SplitBufs {
-            x_floats: 1000,
-            ..bufs.clone()
-        };
-        let e = stream_records(&ops, &labels, &plans, PleRecs::Split(small))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("shared floats"), "{e}");
-        let mut short = plans.clone();
-        short[0] = plan((2 * ffn + 16) as usize, 2, 1);
-        let e = stream_records(&ops, &labels, &short, PleRecs::Split(bufs.clone()))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("its stream 1040 rows"), "{e}");
-        let mut rows = plans.clone();
-        rows[2] = plan(pd as usize, 2, 1);
-        assert!(stream_records(&ops, &labels, &rows, PleRecs::Split(bufs.clone())).is_err());
-        let stray = w(&GemvParams {
-            act_mult: 0x800,
-            ..gp(hid, pd, 1, 0x1234, 0x900)
-        });
-        let mut bad = ops.clone();
-        bad[3] = ("gemv", "gemv.ple_proj", &stray[..]);
-        let e = stream_records(&bad, &labels, &plans, PleRecs::Split(bufs.clone()))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("do not feed each other"), "{e}");
-        let one: Vec<_> = ops[4..].to_vec();
-        let e = stream_records(&one, &labels[4..], &plans[4..], PleRecs::Split(bufs))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("1 layers"), "{e}");
     }
 }

@@ -35,11 +35,6 @@ pub struct CpuRunner {
     hidden: Vec<f32>,
     /// How the input of every matrix product is rounded (see [`MatmulInputs`]).
     inputs: MatmulInputs,
-    /// The per-layer-embedding projection's, where it differs ([`CpuRunner::set_ple_projection_inputs`]).
-    ple_proj_inputs: Option<MatmulInputs>,
-    /// The per-layer-embedding gate's product split at the feed-forward residual
-    /// ([`CpuRunner::set_ple_gate_split`]).
-    ple_gate_split: bool,
 }
 
 /// Rounding of matrix-product inputs: the CPU twins of the GPU prefill's tensor-core GEMMs.
@@ -65,17 +60,6 @@ pub enum MatmulInputs {
 }
 
 impl MatmulInputs {
-    /// The rounding of the per-layer-embedding projection's input in the streamed step's fused
-    /// PLE operation (a measurement build): as every product's, except that int8 becomes a bf16
-    /// pair, since that operation multiplies the gate's outputs on the SMs that computed them (no
-    /// SM holds a 128-column group of them to take an int8 scale over).
-    pub fn ple_projection(self) -> Self {
-        match self {
-            MatmulInputs::Int8 { .. } | MatmulInputs::Int8Nudged { .. } => MatmulInputs::Bf16Pair,
-            m => m,
-        }
-    }
-
     fn apply(self, v: f32) -> f32 {
         let hi = bf16::from_f32(v).to_f32();
         match self {
@@ -167,8 +151,6 @@ impl CpuRunner {
             inv_freq,
             hidden: Vec::new(),
             inputs: MatmulInputs::F32,
-            ple_proj_inputs: None,
-            ple_gate_split: false,
         })
     }
 
@@ -177,20 +159,6 @@ impl CpuRunner {
     /// whose GEMMs take bf16 activations on tensor cores. The default is the plain f32 reference.
     pub fn set_matmul_inputs(&mut self, inputs: MatmulInputs) {
         self.inputs = inputs;
-    }
-
-    /// Round the per-layer-embedding projection's input so instead of as the other products'
-    /// (None: as theirs).
-    pub fn set_ple_projection_inputs(&mut self, inputs: Option<MatmulInputs>) {
-        self.ple_proj_inputs = inputs;
-    }
-
-    /// Compute the per-layer-embedding gate's product Wg·h (h = h_mid + the normed feed-forward
-    /// branch f) as Wg·h_mid, h_mid's input rounded as every product's, plus Wg·f in f32: the
-    /// same sum in exact arithmetic, rounded where a decode step that forms Wg·f beside the down
-    /// projection would (docs/streamed-step.md, "Next structural step"). Off by default.
-    pub fn set_ple_gate_split(&mut self, on: bool) {
-        self.ple_gate_split = on;
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -339,15 +307,6 @@ impl CpuRunner {
             let mut d = vec![0.0f32; n * h];
             lw.down.matmul(&rounded(&g, im, round), &mut d);
             rms_norm_rows(&mut d, h, Some(&lw.post_ffn_norm), eps);
-            // Split gate: its h_mid part while x is still h_mid (ple_gate_split).
-            let gate_mid = match (&lw.ple, &spec.ple) {
-                (Some(lp), Some(ps)) if self.ple_gate_split => {
-                    let mut gm = vec![0.0f32; n * ps.dim];
-                    lp.gate.matmul(&rounded(&x, h, round), &mut gm);
-                    Some(gm)
-                }
-                _ => None,
-            };
             x.iter_mut().zip(&d).for_each(|(xv, dv)| *xv += dv);
 
             // Per-layer input (Gemma 4).
@@ -355,14 +314,7 @@ impl CpuRunner {
                 let pd = ps.dim;
                 let width = spec.n_layers() * pd;
                 let mut gg = vec![0.0f32; n * pd];
-                match gate_mid {
-                    // Plus the feed-forward branch's part in f32.
-                    Some(gm) => {
-                        lp.gate.matmul(&d, &mut gg);
-                        gg.iter_mut().zip(&gm).for_each(|(a, b)| *a += b);
-                    }
-                    None => lp.gate.matmul(&rounded(&x, h, round), &mut gg),
-                }
+                lp.gate.matmul(&rounded(&x, h, round), &mut gg);
                 for t in 0..n {
                     let pin = &ple[t * width + li * pd..t * width + (li + 1) * pd];
                     for (gv, &pv) in gg[t * pd..(t + 1) * pd].iter_mut().zip(pin) {
@@ -370,8 +322,7 @@ impl CpuRunner {
                     }
                 }
                 let mut pr = vec![0.0f32; n * h];
-                let pr_round = self.ple_proj_inputs.unwrap_or(round);
-                lp.proj.matmul(&rounded(&gg, pd, pr_round), &mut pr);
+                lp.proj.matmul(&rounded(&gg, pd, round), &mut pr);
                 rms_norm_rows(&mut pr, h, Some(&lp.post_norm), eps);
                 x.iter_mut().zip(&pr).for_each(|(xv, pv)| *xv += pv);
             }
@@ -459,93 +410,6 @@ impl Runner for CpuRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every logit of `tokens` on `model`, the runner set up by `setup` first.
-    fn all_logits(model: &Arc<Model>, tokens: &[u32], setup: impl Fn(&mut CpuRunner)) -> Vec<f32> {
-        use crate::runner::{Rows, Runner};
-        let mut r = CpuRunner::new(model.clone()).unwrap();
-        setup(&mut r);
-        let mut out = Vec::new();
-        r.forward(tokens, Rows::All, &mut |_, l| out.extend_from_slice(l))
-            .unwrap();
-        out
-    }
-
-    /// The PLE projection's own rounding changes only that product: the same rounding as the
-    /// others gives the same logits bit for bit, another moves them.
-    #[test]
-    fn ple_projection_inputs_round_only_that_product() {
-        use crate::random::{random_model, tiny_spec};
-        use crate::spec::Arch;
-        let model = Arc::new(random_model(&tiny_spec(Arch::Gemma4), 3));
-        let logits = |inputs: MatmulInputs, ple: Option<MatmulInputs>| {
-            all_logits(&model, &[2, 17, 5, 9], |r| {
-                r.set_matmul_inputs(inputs);
-                r.set_ple_projection_inputs(ple);
-            })
-        };
-        let int8 = MatmulInputs::Int8 { group: 16 };
-        let base = logits(int8, None);
-        assert_eq!(base, logits(int8, Some(int8)));
-        let pair = logits(int8, Some(int8.ple_projection()));
-        assert_ne!(base, pair);
-        assert_ne!(pair, logits(MatmulInputs::Bf16Pair, None));
-    }
-
-    /// The split gate is the same sum in f32 (up to summation order) and rounds only h_mid's
-    /// part with int8 inputs: close to the plain forward, not equal to it.
-    #[test]
-    fn ple_gate_split_moves_only_the_rounding() {
-        use crate::random::{random_model, tiny_spec};
-        use crate::spec::Arch;
-        let model = Arc::new(random_model(&tiny_spec(Arch::Gemma4), 5));
-        let logits = |inputs: MatmulInputs, split: bool| {
-            all_logits(&model, &[2, 17, 5, 9, 33, 4], |r| {
-                r.set_matmul_inputs(inputs);
-                r.set_ple_gate_split(split);
-            })
-        };
-        let rel = |a: &[f32], b: &[f32]| {
-            let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-            let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-            (d / n).sqrt()
-        };
-        let (plain, split) = (
-            logits(MatmulInputs::F32, false),
-            logits(MatmulInputs::F32, true),
-        );
-        assert!(rel(&split, &plain) < 1e-5, "f32: {}", rel(&split, &plain));
-        let int8 = MatmulInputs::Int8 { group: 16 };
-        let (plain8, split8) = (logits(int8, false), logits(int8, true));
-        assert_ne!(plain8, split8);
-        assert!(
-            rel(&split8, &plain8) < 5e-2,
-            "int8: {}",
-            rel(&split8, &plain8)
-        );
-        // On a model without per-layer embeddings the switch changes nothing.
-        let g3 = Arc::new(random_model(&tiny_spec(Arch::Gemma3), 5));
-        let run = |split: bool| {
-            all_logits(&g3, &[2, 17, 5], |r| {
-                r.set_matmul_inputs(int8);
-                r.set_ple_gate_split(split);
-            })
-        };
-        assert_eq!(run(false), run(true));
-    }
-
-    #[test]
-    fn ple_projection_takes_int8_inputs_as_a_bf16_pair() {
-        use MatmulInputs as M;
-        assert_eq!(M::Int8 { group: 128 }.ple_projection(), M::Bf16Pair);
-        assert_eq!(
-            M::Int8Nudged { group: 32, seed: 3 }.ple_projection(),
-            M::Bf16Pair
-        );
-        for m in [M::F32, M::Bf16, M::Bf16Pair] {
-            assert_eq!(m.ple_projection(), m);
-        }
-    }
 
     #[test]
     fn int8_inputs_round_each_group_of_each_row_to_its_own_scale() {
