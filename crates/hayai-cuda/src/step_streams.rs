@@ -90,7 +90,9 @@ pub fn splits_cap(label: &str) -> usize {
 
 /// Every SM's stream of the step's GEMVs for `n_sm` SMs of `warps` consumer warps. All of them
 /// must take one cell format: int4 needs every width a multiple of 128 (else a clear error).
-/// `head_int8`: the output head as these int8 blocks instead (int8 cells in a bf16 stream, [`CudaOptions::lm_head`]).
+/// `head_int8`: the output head as these int8 blocks instead (int8 cells in a bf16 stream,
+/// [`CudaOptions::lm_head`]). `skip`: labels of GEMVs left out (the streamed step's timing
+/// probe, `HAYAI_STREAM_PROBE_SKIP`).
 ///
 /// [`CudaOptions::lm_head`]: crate::CudaOptions::lm_head
 pub fn step_streams(
@@ -99,8 +101,10 @@ pub fn step_streams(
     n_sm: usize,
     warps: usize,
     head_int8: Option<&crate::quant::Int8Matrix>,
+    skip: &[String],
 ) -> Result<StepStreams, CudaError> {
-    let mats = step_mats(model, quant)?;
+    let mut mats = step_mats(model, quant)?;
+    mats.retain(|(label, _, _)| !skip.iter().any(|s| s == label));
     let ops: Vec<StreamOp> = mats
         .iter()
         .map(|(label, m, whole)| {
@@ -166,7 +170,7 @@ mod tests {
         let model = random_model_bf16(&spec, 5);
         let w = &model.weights;
         for quant in [Quant::Int4, Quant::Bf16] {
-            let st = step_streams(&model, quant, 13, 12, None).unwrap();
+            let st = step_streams(&model, quant, 13, 12, None, &[]).unwrap();
             // The model's own matrices, fused the way each operation's rows are.
             let mut want: Vec<(&str, Vec<f32>)> = Vec::new();
             let mut check = |label: &'static str, y: Vec<f32>| want.push((label, y));
@@ -224,7 +228,7 @@ mod tests {
             p.dim = 64;
         }
         let model = random_model_bf16(&spec, 6);
-        let err = step_streams(&model, Quant::Int4, 13, 12, None)
+        let err = step_streams(&model, Quant::Int4, 13, 12, None, &[])
             .err()
             .expect("an error");
         assert!(err.to_string().contains("cell format"), "{err}");

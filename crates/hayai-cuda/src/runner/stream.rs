@@ -131,10 +131,28 @@ impl CudaRunner {
                 super::ARGMAX_BLOCKS
             )));
         }
-        let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, head8)?;
-        let streams = &st.streams;
-        let ops: Vec<(&'static str, &'static str, &[u64])> = self
+        // The timing probe's operations left out (none by default).
+        let labels: Vec<&str> = self.plan.iter().map(|l| l.label).collect();
+        let skip = probe_skip(
+            std::env::var("HAYAI_STREAM_PROBE_SKIP").ok().as_deref(),
+            &labels,
+        )
+        .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_SKIP: {m}")))?;
+        if !skip.is_empty() {
+            eprintln!(
+                "warning: HAYAI_STREAM_PROBE_SKIP={}: the streamed step runs without these \
+                 operations, a timing probe whose outputs are wrong",
+                skip.join(",")
+            );
+        }
+        let kept: Vec<&Launch> = self
             .plan
+            .iter()
+            .filter(|l| !skip.iter().any(|s| s == l.label))
+            .collect();
+        let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, head8, &skip)?;
+        let streams = &st.streams;
+        let ops: Vec<(&'static str, &'static str, &[u64])> = kept
             .iter()
             .map(|l| (l.kernel, l.label, &l.params[..]))
             .collect();
@@ -215,7 +233,7 @@ impl CudaRunner {
         let labels = names.iter().map(|(_, l)| *l).collect();
         self.step_profile = Some((profiled, labels, timing.ptr()));
         self.stream_debug = Some(StreamDebug {
-            ops: self.plan.clone(),
+            ops: kept.into_iter().cloned().collect(),
             params: p,
             launch: l.clone(),
         });
@@ -425,6 +443,37 @@ fn argmax_own_wanted() -> bool {
 
 pub(super) fn env_i32(var: &str) -> Option<i32> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
+}
+
+/// The streamed step's timing probe (`HAYAI_STREAM_PROBE_SKIP`, a comma-separated list of
+/// operation labels, e.g. `gemv.ple_gate`): those operations are left out of the step, every
+/// layer's, their weights out of the streams, so the step's time without them bounds what
+/// removing them could gain. Their consumers read stale buffers: the outputs are wrong, which
+/// the runner says on stderr. GEMVs and the attention only (not the argmax, whose token the
+/// host waits for); each label must name an operation of `labels` (the plan's).
+fn probe_skip(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for item in var.unwrap_or("").split(',').map(str::trim) {
+        if item.is_empty() || out.iter().any(|s| s == item) {
+            continue;
+        }
+        if !(item.starts_with("gemv.") || item == "attention") {
+            return Err(format!(
+                "`{item}`: only GEMVs (gemv.*) and the attention can be left out"
+            ));
+        }
+        if !labels.contains(&item) {
+            return Err(format!("no operation `{item}` in this model's step"));
+        }
+        out.push(item.to_string());
+    }
+    if labels
+        .iter()
+        .all(|l| out.iter().any(|s| s == l) || l.starts_with("argmax"))
+    {
+        return Err("nothing but the argmax would be left".into());
+    }
+    Ok(out)
 }
 
 /// The fewest keys a range of the streamed step's attention takes where the context allows
@@ -783,6 +832,75 @@ mod tests {
         spec.layers[1].head_dim = 96;
         let e = stream_x_floats(&spec, 384).unwrap_err().to_string();
         assert!(e.contains("head dim 96"), "{e}");
+    }
+
+    /// The probe's list: GEMV and attention labels of the plan, each once; anything else (an
+    /// unknown label, the argmax, leaving nothing) is an error that names it.
+    #[test]
+    fn probe_skip_takes_the_plans_gemvs_and_attention_only() {
+        let labels = [
+            "gemv.qkv",
+            "attention",
+            "gemv.o",
+            "gemv.ple_gate",
+            "gemv.ple_proj",
+            "argmax",
+            "argmax",
+        ];
+        assert!(probe_skip(None, &labels).unwrap().is_empty());
+        assert!(probe_skip(Some(""), &labels).unwrap().is_empty());
+        assert_eq!(
+            probe_skip(Some(" gemv.ple_gate,attention,gemv.ple_gate "), &labels).unwrap(),
+            ["gemv.ple_gate", "attention"]
+        );
+        for (var, want) in [
+            ("gemv.down", "no operation `gemv.down`"),
+            ("argmax", "only GEMVs"),
+            ("ple_combine", "only GEMVs"),
+            (
+                "gemv.qkv,attention,gemv.o,gemv.ple_gate,gemv.ple_proj",
+                "nothing but the argmax",
+            ),
+        ] {
+            let e = probe_skip(Some(var), &labels).unwrap_err();
+            assert!(e.contains(want), "{var}: {e}");
+        }
+    }
+
+    /// Records and streams built without the probe's operations still match one to one.
+    #[test]
+    fn records_without_the_probes_operations_match_their_streams() {
+        let spec = {
+            let mut s = crate::synth::small_spec(hayai_model::spec::Arch::Gemma4);
+            s.vocab = 1024;
+            if let Some(p) = s.ple.as_mut() {
+                p.vocab = 1024;
+            }
+            s
+        };
+        let model = crate::synth::random_model_bf16(&spec, 7);
+        let skip = vec!["gemv.ple_gate".to_string()];
+        let all = step_streams(&model, Quant::Int4, 13, 11, None, &[]).unwrap();
+        let st = step_streams(&model, Quant::Int4, 13, 11, None, &skip).unwrap();
+        let gates = all.labels.iter().filter(|l| **l == "gemv.ple_gate").count();
+        assert!(gates > 0);
+        assert_eq!(st.labels.len(), all.labels.len() - gates);
+        assert!(!st.labels.contains(&"gemv.ple_gate"));
+        // Every other GEMV keeps its shape and place.
+        let rest: Vec<_> = all
+            .labels
+            .iter()
+            .zip(&all.streams.ops)
+            .filter(|(l, _)| **l != "gemv.ple_gate")
+            .map(|(l, p)| (*l, p.rows, p.k))
+            .collect();
+        let kept: Vec<_> = st
+            .labels
+            .iter()
+            .zip(&st.streams.ops)
+            .map(|(l, p)| (*l, p.rows, p.k))
+            .collect();
+        assert_eq!(kept, rest);
     }
 
     #[test]
