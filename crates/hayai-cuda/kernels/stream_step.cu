@@ -877,6 +877,12 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
         // run as tiles of 7 and 1.)
         const int mk = max(1, min(min_keys, L.tk));
         s0 = min(min((L.n_keys + mk - 1) / mk, max(1, (int)gridDim.x / a.nkv)), ATTN_MAX_SPLITS);
+#ifdef SSA_MAX_RANGES
+        // A measurement build (-DSSA_MAX_RANGES=N): at most N ranges a KV head, the longer ones
+        // as several tiles. What items of few ranges cost, which decides whether the merge
+        // could move into O's prologue (docs/performance.md, forty-sixth session's next steps).
+        s0 = min(s0, SSA_MAX_RANGES);
+#endif
     }
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
