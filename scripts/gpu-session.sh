@@ -316,8 +316,8 @@ run() {
     # The A10G's code paths on the H200 (docs/cuda.md): the default and streamed steps' parity
     # with a binary holding only compute_80 PTX (the driver compiles it at the first load; PDL
     # off). Carry .gpu/gpu_check_ptx.
-    stage "gpu_check parity stream stream-w4 stream-bf16 single (compute_80 PTX only)"
-    timeout 560 .gpu/gpu_check_ptx parity stream stream-w4 stream-bf16 single > "$out/ptx.log" 2>&1
+    stage "gpu_check parity stream stream-w4 stream-bf16 single lm-head-int8 (compute_80 PTX only)"
+    timeout 560 .gpu/gpu_check_ptx parity stream stream-w4 stream-bf16 single lm-head-int8 > "$out/ptx.log" 2>&1
     grep -E "PASS|FAIL|INFO|rror|panic" "$out/ptx.log" | tee -a "$out/session.log"
   fi
   if has checks; then stage "gpu_check parity"; timeout 300 "$C" parity > "$out/parity.log" 2>&1; grep -E "PASS|FAIL" "$out/parity.log" | tee -a "$out/session.log"; fi

@@ -4,7 +4,7 @@
 //!        [prefill-bench] [bench] [bench-nopdl] [bench-fuse] [bench-u8] [bench-prefetch] [bench-tile]
 //!        [bench-a8] [bench-pf] [bench-pfa] [bench-tc] [bench-kw] [bench-hd] [bench-single] [bench-bf16]
 //!        [bench-bf16-tiled] [stream] [stream-w4] [stream-bf16] [bench-stream] [bench-stream-w4]
-//!        [bench-stream-bf16] ...
+//!        [bench-stream-bf16] [lm-head-int8] ...
 //!        (default: all)
 //!
 //! The bench stages take the prompt and generation lengths from `HAYAI_BENCH_PROMPT` and
@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use hayai_cuda::bench::{bench_engine, BenchOptions};
 use hayai_cuda::check::{graph_matches_eager, parity, prefill_parity, same_results};
-use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
-use hayai_cuda::{CudaOptions, Quant, StreamedStep};
+use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec, with_exact_int8_head};
+use hayai_cuda::{CudaOptions, LmHead, Quant, StreamedStep};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
 
@@ -392,6 +392,33 @@ fn main() {
         // operation against the launch plan's int4 (`gemv_mma`, x as a bf16 pair).
         for (name, ok, line) in streamed_form_checks(Quant::Int4, "W4A16") {
             check(name, ok, line);
+        }
+    }
+    if want("lm-head-int8") {
+        // The output head as int8 blocks (`LmHead::Int8`: `gemv_q8` in the launch plan, int8
+        // cells and their scale ring in the streamed step, graph and eager) against the CPU
+        // reference with that head at its exact values, both architectures: the GPU test
+        // `lm_head_int8_matches_cpu`'s checks, here so that a compute_80 PTX-only build runs
+        // them on the A10G's code paths (the bulk copies' cp.async twin for the scales).
+        for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
+            let mut spec = small_spec(arch);
+            spec.vocab = 1024; // whole 16-row cells for the streamed step
+            let m = with_exact_int8_head(random_model(&spec, seed), seed);
+            let p = hayai_cuda::bench::bench_prompt(16, m.spec.vocab);
+            for (streamed_step, use_graph, form) in [
+                (StreamedStep::Off, true, "launch plan"),
+                (StreamedStep::On, true, "streamed, graph"),
+                (StreamedStep::On, false, "streamed, eager"),
+            ] {
+                let o = CudaOptions {
+                    lm_head: LmHead::Int8,
+                    streamed_step,
+                    use_graph,
+                    ..opts(Quant::Bf16, false)
+                };
+                let (ok, line) = parity_verdict(parity(&m, &o, &p, 280), 1e-4, format!("{form}: "));
+                check(&format!("lm-head-int8 {arch:?}"), ok, line);
+            }
         }
     }
     if want("stream-bf16") {

@@ -193,6 +193,30 @@ impl Gen {
     }
 }
 
+/// `m` with its output head (the tied embedding) replaced by values an int8 head holds exactly:
+/// every block of 32 a row is q x d with integer q in [-127, 127] (one 127 a block, so the block's
+/// scale is d) and d an f16 value, as a GGUF's Q8_0 stores them. With it, `LmHead::Int8` takes
+/// the head (`quant::int8_exact`), so the int8 head's GPU paths can be checked on small models.
+pub fn with_exact_int8_head(mut m: Model, seed: u64) -> Model {
+    let (rows, cols) = (m.spec.vocab, m.spec.hidden);
+    let mut r = SplitMix::new(seed);
+    let mut v = vec![0.0f32; rows * cols];
+    for (b, block) in v.chunks_mut(32).enumerate() {
+        let d = half::f16::from_f32(0.002 + 0.004 * r.uniform().abs()).to_f32();
+        for (i, x) in block.iter_mut().enumerate() {
+            let q = if i == b % 32 {
+                127.0
+            } else {
+                (r.uniform() * 127.0).round()
+            };
+            *x = q * d;
+        }
+    }
+    m.weights.embed = Matrix::from_f32(rows, cols, v);
+    m.weights.lm_head = None;
+    m
+}
+
 /// Random bf16 weights for `spec` (any size; parallel).
 pub fn random_model_bf16(spec: &ModelSpec, seed: u64) -> Model {
     let mut g = Gen { seed, tag: 0 };
@@ -299,5 +323,29 @@ mod tests {
             .to_f32()
             .iter()
             .all(|v| v.abs() <= lim));
+    }
+
+    /// The exact int8 head is what `int8_exact` takes, value for value, and the rest of the model
+    /// is unchanged; a model's own random head is not exact.
+    #[test]
+    fn an_exact_int8_head_is_taken_as_int8() {
+        for arch in [Arch::Gemma4, Arch::Gemma3] {
+            let mut spec = small_spec(arch);
+            spec.vocab = 1024;
+            if let Some(p) = spec.ple.as_mut() {
+                p.vocab = 1024;
+            }
+            let base = random_model_bf16(&spec, 3);
+            assert!(crate::quant::int8_exact(base.weights.lm_head()).is_none());
+            let m = with_exact_int8_head(random_model_bf16(&spec, 3), 9);
+            let head = m.weights.lm_head();
+            let q = crate::quant::int8_exact(head).expect("exact int8 blocks");
+            assert_eq!(q.dequantize().to_f32(), head.to_f32());
+            assert!(m.weights.lm_head.is_none(), "tied");
+            assert_eq!(
+                m.weights.layers[0].q.to_f32(),
+                base.weights.layers[0].q.to_f32()
+            );
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! (or `scripts/gpu-check.sh`), where a missing device is a failure.
 
 use hayai_cuda::check::{graph_matches_eager, parity};
-use hayai_cuda::synth::{random_model_bf16, small_spec};
+use hayai_cuda::synth::{random_model_bf16, small_spec, with_exact_int8_head};
 use hayai_cuda::{CudaOptions, LmHead, Quant, StreamedStep};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
@@ -85,28 +85,6 @@ fn small_gemma3_bf16_and_int4_match_cpu() {
     }
 }
 
-/// `m` with its tied output head replaced by exact int8 blocks of 32 (random q, |q| <= 127 with
-/// 127 in every block, f16 scales), as a GGUF file's Q8_0 `token_embd` dequantizes.
-fn with_int8_head(mut m: hayai_model::Model, seed: u64) -> hayai_model::Model {
-    let (rows, cols) = (m.spec.vocab, m.spec.hidden);
-    let mut r = hayai_model::random::SplitMix::new(seed);
-    let mut v = vec![0.0f32; rows * cols];
-    for (b, block) in v.chunks_mut(32).enumerate() {
-        let d = half::f16::from_f32(0.002 + 0.004 * r.uniform().abs()).to_f32();
-        for (i, x) in block.iter_mut().enumerate() {
-            let q = if i == b % 32 {
-                127.0
-            } else {
-                (r.uniform() * 127.0).round()
-            };
-            *x = q * d;
-        }
-    }
-    m.weights.embed = hayai_model::Matrix::from_f32(rows, cols, v);
-    m.weights.lm_head = None;
-    m
-}
-
 /// On a GPU: the output head as int8 blocks (`LmHead::Int8`: `gemv_q8` in the launch plan, int8
 /// cells in the streamed step) against the CPU reference with that head at its exact values (the
 /// rest bf16), both architectures.
@@ -118,7 +96,7 @@ fn lm_head_int8_matches_cpu() {
         // Whole 16-row cells for the streamed step: a vocabulary of 1,024.
         let mut spec = small_spec(arch);
         spec.vocab = 1024;
-        let m = with_int8_head(random_model(&spec, seed), seed);
+        let m = with_exact_int8_head(random_model(&spec, seed), seed);
         // The launch plan (gemv_q8) and the streamed step (int8 cells, graph and eager).
         for (streamed_step, use_graph) in [
             (StreamedStep::Off, true),
