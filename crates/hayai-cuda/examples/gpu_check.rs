@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use hayai_cuda::bench::{bench_engine, BenchOptions};
 use hayai_cuda::check::{graph_matches_eager, parity, prefill_parity, same_results};
-use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec, with_exact_int8_head};
-use hayai_cuda::{CudaOptions, LmHead, Quant, StreamedStep};
+use hayai_cuda::synth::{e4b_spec, int8_head_cases, random_model_bf16, small_spec};
+use hayai_cuda::{CudaOptions, Quant, StreamedStep};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
 
@@ -400,25 +400,10 @@ fn main() {
         // reference with that head at its exact values, both architectures: the GPU test
         // `lm_head_int8_matches_cpu`'s checks, here so that a compute_80 PTX-only build runs
         // them on the A10G's code paths (the bulk copies' cp.async twin for the scales).
-        for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
-            let mut spec = small_spec(arch);
-            spec.vocab = 1024; // whole 16-row cells for the streamed step
-            let m = with_exact_int8_head(random_model(&spec, seed), seed);
+        for (what, m, o) in int8_head_cases() {
             let p = hayai_cuda::bench::bench_prompt(16, m.spec.vocab);
-            for (streamed_step, use_graph, form) in [
-                (StreamedStep::Off, true, "launch plan"),
-                (StreamedStep::On, true, "streamed, graph"),
-                (StreamedStep::On, false, "streamed, eager"),
-            ] {
-                let o = CudaOptions {
-                    lm_head: LmHead::Int8,
-                    streamed_step,
-                    use_graph,
-                    ..opts(Quant::Bf16, false)
-                };
-                let (ok, line) = parity_verdict(parity(&m, &o, &p, 280), 1e-4, format!("{form}: "));
-                check(&format!("lm-head-int8 {arch:?}"), ok, line);
-            }
+            let (ok, line) = parity_verdict(parity(&m, &o, &p, 280), 1e-4, format!("{what}: "));
+            check("lm-head-int8", ok, line);
         }
     }
     if want("stream-bf16") {

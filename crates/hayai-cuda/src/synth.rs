@@ -217,6 +217,39 @@ pub fn with_exact_int8_head(mut m: Model, seed: u64) -> Model {
     m
 }
 
+/// The int8 output head's parity cases, as (what, model, options): small Gemma 4 and Gemma 3
+/// models with an exact int8 head (bf16 weights otherwise; a vocabulary of 1,024, whole 16-row
+/// cells for the streamed step), each through the launch plan (`gemv_q8`) and the streamed step
+/// (int8 cells, graph and eager) with `LmHead::Int8`. Shared by the GPU test
+/// `lm_head_int8_matches_cpu` and `gpu_check lm-head-int8`.
+pub fn int8_head_cases() -> Vec<(String, std::sync::Arc<Model>, crate::CudaOptions)> {
+    use crate::{CudaOptions, LmHead, Quant, StreamedStep};
+    let mut out = Vec::new();
+    for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
+        let mut spec = small_spec(arch);
+        spec.vocab = 1024;
+        let m = std::sync::Arc::new(with_exact_int8_head(
+            hayai_model::random::random_model(&spec, seed),
+            seed,
+        ));
+        for (streamed_step, use_graph, form) in [
+            (StreamedStep::Off, true, "launch plan"),
+            (StreamedStep::On, true, "streamed, graph"),
+            (StreamedStep::On, false, "streamed, eager"),
+        ] {
+            let o = CudaOptions {
+                quant: Quant::Bf16,
+                lm_head: LmHead::Int8,
+                streamed_step,
+                use_graph,
+                ..Default::default()
+            };
+            out.push((format!("{arch:?}, {form}"), m.clone(), o));
+        }
+    }
+    out
+}
+
 /// Random bf16 weights for `spec` (any size; parallel).
 pub fn random_model_bf16(spec: &ModelSpec, seed: u64) -> Model {
     let mut g = Gen { seed, tag: 0 };

@@ -3,7 +3,7 @@
 //! (or `scripts/gpu-check.sh`), where a missing device is a failure.
 
 use hayai_cuda::check::{graph_matches_eager, parity};
-use hayai_cuda::synth::{random_model_bf16, small_spec, with_exact_int8_head};
+use hayai_cuda::synth::{int8_head_cases, random_model_bf16, small_spec};
 use hayai_cuda::{CudaOptions, LmHead, Quant, StreamedStep};
 use hayai_model::random::random_model;
 use hayai_model::Arch;
@@ -92,25 +92,9 @@ fn small_gemma3_bf16_and_int4_match_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn lm_head_int8_matches_cpu() {
     require_gpu();
-    for (arch, seed) in [(Arch::Gemma4, 21), (Arch::Gemma3, 22)] {
-        // Whole 16-row cells for the streamed step: a vocabulary of 1,024.
-        let mut spec = small_spec(arch);
-        spec.vocab = 1024;
-        let m = with_exact_int8_head(random_model(&spec, seed), seed);
-        // The launch plan (gemv_q8) and the streamed step (int8 cells, graph and eager).
-        for (streamed_step, use_graph) in [
-            (StreamedStep::Off, true),
-            (StreamedStep::On, true),
-            (StreamedStep::On, false),
-        ] {
-            let o = CudaOptions {
-                lm_head: LmHead::Int8,
-                streamed_step,
-                use_graph,
-                ..opts(Quant::Bf16, false)
-            };
-            assert_parity(&m, &o, 16, 280, 1e-4);
-        }
+    for (what, m, o) in int8_head_cases() {
+        eprintln!("{what}");
+        assert_parity(&m, &o, 16, 280, 1e-4);
     }
 }
 
