@@ -916,6 +916,123 @@ mod tests {
         }
     }
 
+    /// The W4A16 cell by `dp4a` (kernels/stream_step.cu `ss_cell4d`, the `SS_W4_MIX` measurement
+    /// build): x as x_q in three balanced int8 digits (`ss_x_digits`: their tables SS_DIG = 160
+    /// bytes apart, each in the B-fragment order), each lane's dots of its 32 columns with every
+    /// digit, digits 0 and 1 combined as integers (which must stay under 2^24 to be exact in
+    /// float), lane c = 0 taking the nibbles' offset split at bit 16. The quad's values must be
+    /// both rows' exact dots, with the group's largest |x_q| (2^22) and the combination's worst
+    /// case (every weight 7, every x_q 32,640: digits 0 and 1 both -128).
+    #[test]
+    fn w4_dp4a_cell_lanes_give_the_exact_integer_dots() {
+        const DIG_WORDS: usize = 160 / 4;
+        let mut h = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            h
+        };
+        let random = quantize_int4(&matrix(16, 256, 9));
+        let mut sevens = random.clone();
+        sevens.packed.iter_mut().for_each(|b| *b = 0xFF);
+        assert_eq!(sevens.q(3, 5), 7);
+        let lim = 1i32 << 22;
+        let cases: Vec<(&Int4Matrix, Vec<i32>)> = vec![
+            (
+                &random,
+                (0..256)
+                    .map(|_| (next() % (2 * lim as u64 + 1)) as i32 - lim)
+                    .collect(),
+            ),
+            (
+                &random,
+                (0..256)
+                    .map(|k| if k % 3 == 0 { -lim } else { lim })
+                    .collect(),
+            ),
+            (&sevens, vec![32_640; 256]),
+            (&sevens, vec![-lim; 256]),
+            (
+                &sevens,
+                (0..256).map(|_| (next() % 256) as i32 - 128).collect(),
+            ),
+        ];
+        let dp4a = |a: u32, b: u32, c: i32| {
+            (0..4).fold(c, |s, i| {
+                s + ((a >> (8 * i)) & 255) as i32 * ((b >> (8 * i)) as u8 as i8) as i32
+            })
+        };
+        for (m, xq) in &cases {
+            for group in 0..2 {
+                let x = &xq[group * GROUP..(group + 1) * GROUP];
+                let mut cell = vec![0u8; CellFormat::Int4.bytes()];
+                encode_cell(&Weights::Int4(m), 0, group, &mut cell);
+                // ss_x_digits: lane l's four columns 4l .. 4l + 3, digit j's word in table j.
+                let mut tab = [0u32; 3 * DIG_WORDS];
+                for l in 0..32 {
+                    for i in 0..4 {
+                        let q = x[4 * l + i];
+                        let d0 = (q << 24) >> 24;
+                        let r = (q - d0) >> 8;
+                        let d1 = (r << 24) >> 24;
+                        let d2 = (r - d1) >> 8;
+                        for (j, d) in [d0, d1, d2].into_iter().enumerate() {
+                            let w = j * DIG_WORDS + ((l >> 3) * 4 + (l & 3)) * 2 + ((l >> 2) & 1);
+                            tab[w] |= (d as u8 as u32) << (8 * i);
+                        }
+                    }
+                }
+                let word = |lane: usize, j: usize| {
+                    let o = ((j / 4) * 32 + lane) * 16 + (j % 4) * 4;
+                    u32::from_le_bytes(cell[o..o + 4].try_into().unwrap())
+                };
+                let xsum: i32 = x.iter().sum();
+                let (mut va, mut vb) = ([0i64; 32], [0i64; 32]);
+                for lane in 0..32 {
+                    let c = lane & 3;
+                    let (mut da, mut dh) = ([0i32; 3], [0i32; 3]);
+                    for j in 0..3 {
+                        let (mut a, mut w) = (0, 0);
+                        for t in 0..4 {
+                            let e = j * DIG_WORDS + 2 * (4 * t + c);
+                            let (bx, by) = (tab[e], tab[e + 1]);
+                            let (w0, w1) = (word(lane, 2 * t), word(lane, 2 * t + 1));
+                            a = dp4a(w1 & 0x0F0F_0F0F, by, dp4a(w0 & 0x0F0F_0F0F, bx, a));
+                            w = dp4a(w1, by, dp4a(w0, bx, w));
+                        }
+                        assert_eq!((w - a) % 16, 0);
+                        da[j] = a;
+                        dh[j] = (w - a) >> 4;
+                    }
+                    let (olo, ohi) = if c == 0 {
+                        (8 * (xsum & 0xFFFF), 8 * (xsum >> 16))
+                    } else {
+                        (0, 0)
+                    };
+                    for (d, v) in [(da, &mut va[lane]), (dh, &mut vb[lane])] {
+                        let low = d[0] + 256 * d[1] - olo;
+                        assert!(
+                            low.abs() < 1 << 24,
+                            "digits 0-1 sum {low} not exact in float"
+                        );
+                        *v = low as i64 + 65_536 * (d[2] - ohi) as i64;
+                    }
+                }
+                for g in 0..8 {
+                    let dot = |r: usize| -> i64 {
+                        (0..GROUP)
+                            .map(|k| m.q(r, group * GROUP + k) as i64 * x[k] as i64)
+                            .sum()
+                    };
+                    let quad = |v: &[i64; 32]| (0..4).map(|c| v[4 * g + c]).sum::<i64>();
+                    assert_eq!(quad(&va), dot(g), "group {group} row {g}");
+                    assert_eq!(quad(&vb), dot(g + 8), "group {group} row {}", g + 8);
+                }
+            }
+        }
+    }
+
     #[test]
     fn bf16_streams_walk_back_to_the_plain_gemv() {
         let mats: Vec<(usize, usize, Vec<u16>)> = SHAPES
