@@ -342,6 +342,9 @@ pub struct CudaRunner {
     opts: CudaOptions,
     /// Why `Auto` kept the launch plan (None: not asked, or the streamed step runs).
     launch_plan_reason: Option<String>,
+    /// The streamed step's timing probe: the operations left out (`HAYAI_STREAM_PROBE_SKIP`),
+    /// whose weights it does not stream.
+    probe_skip: Vec<String>,
     /// Its recorded operations, for `op_outputs`.
     stream_debug: Option<stream::StreamDebug>,
     /// The streamed step's per-SM timeline layout (dumped by `profile_step` when
@@ -727,6 +730,7 @@ impl CudaRunner {
             gemv_occupancy: Default::default(),
             opts: opts.clone(),
             launch_plan_reason: None,
+            probe_skip: Vec::new(),
             len: 0,
             dev_io: None,
             logits_host: vec![0.0; spec.vocab],
@@ -807,14 +811,19 @@ impl CudaRunner {
     }
 
     /// Bytes of projection weights streamed per decode step (the two gathered table rows
-    /// excluded: they are a few KB).
+    /// excluded: they are a few KB), without those of the operations the timing probe leaves
+    /// out (`HAYAI_STREAM_PROBE_SKIP`).
     pub fn weight_bytes_per_token(&self) -> usize {
         let head = self.lm_head_int8.as_ref().unwrap_or(&self.lm_head);
-        let mut b = head.bytes + self.ple_model.as_ref().map_or(0, |m| m.bytes);
+        let m = |label: &str, m: Option<&DevMat>| match m {
+            Some(m) if !self.probe_skip.iter().any(|s| s == label) => m.bytes,
+            _ => 0,
+        };
+        let mut b = m("gemv.lm_head", Some(head)) + m("gemv.ple_model", self.ple_model.as_ref());
         for l in &self.layers {
-            b += l.qkv.bytes + l.o.bytes + l.gateup.bytes + l.down.bytes;
-            b += l.ple_gate.as_ref().map_or(0, |m| m.bytes);
-            b += l.ple_proj.as_ref().map_or(0, |m| m.bytes);
+            b += m("gemv.qkv", Some(&l.qkv)) + m("gemv.o", Some(&l.o));
+            b += m("gemv.gate_up", Some(&l.gateup)) + m("gemv.down", Some(&l.down));
+            b += m("gemv.ple_gate", l.ple_gate.as_ref()) + m("gemv.ple_proj", l.ple_proj.as_ref());
         }
         b
     }
