@@ -99,20 +99,6 @@
 #else
 #define SS_CELL_DP4A 0
 #endif
-// SS_W4_MIX (a measurement build, -DSS_W4_MIX=1 or 2; off): W4A16 cells on sm_90 partly by
-// `dp4a` (ss_cell4d: 48 a lane, the same integers as the `mma` cell's four m16n8k32) so that the
-// integer pipe works beside the `mma` pipe, which bounds the W4A16 cells on the H200 (W4A8's
-// `dp4a` cells ran gate/up in 0.191 ms a step against W4A16's 0.288, docs/decisions.md). 1: the
-// second cell of every pair by `dp4a`, the first and the single ones by `mma`; 2: every cell by
-// `dp4a`. sm_80-89 keep the `mma` cells whatever the setting (the A10G's native form).
-#ifndef SS_W4_MIX
-#define SS_W4_MIX 0
-#endif
-#if SS_W4_MIX && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define SS_W4D SS_W4_MIX
-#else
-#define SS_W4D 0
-#endif
 
 // SS_TIMELINE=1 (a measurement build, HAYAI_CUDA_DEFINES=-DSS_TIMELINE=1; off): the profiled
 // launch also records every SM's view (after the STEP_STAMPS area of `timing`): per operation
@@ -504,58 +490,6 @@ __device__ __forceinline__ void ss_cell4(const uint4* cp, const uint2* xb, int x
     acc_b = fmaf(fb, sb * xsc, acc_b);
 }
 
-#if SS_W4D
-// ss_cell4 by `dp4a` (SS_W4_MIX): lane (g, c) dots its own 32 columns of rows g (low nibbles:
-// da) and g + 8 (whole bytes dw, less da, over 16) with each of the group's three digit tables
-// (xd: the group's B entries at the lane's quad column c, digit j SS_DIG bytes after digit j - 1;
-// entry 4 t of a table holds the lane's columns 32 t + 4 c .. and 32 t + 16 + 4 c ..). Digits 0
-// and 1 combine as integers (|d0 + 256 d1| sums stay under 2^24 with the offset: exact in float),
-// digit 2 times 65536 in one rounding; lane c = 0 takes the nibbles' +8 (8 times the group's
-// sum of x_q, split as ss_cell4 splits it). Each lane's sums are its own, the quad's four added
-// once a pass (ss_gemv), so a row's sum is rounded in another order than ss_cell4's.
-__device__ __forceinline__ void ss_cell4d(const uint4* cp, const uint2* xd, int xsum, float xsc, int lane,
-                                          float& acc_a, float& acc_b) {
-    uint32_t ws[8];
-    float sa, sb;
-    ss_cell_load(cp, lane, ws, sa, sb);
-    int da[3], dh[3];
-#pragma unroll
-    for (int j = 0; j < 3; j++) {
-        int a = 0, w = 0;
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const uint2 bv = xd[SS_DIG / 8 * j + 4 * t];
-            a = dp4a_u8s8(ws[2 * t] & 0x0F0F0F0Fu, bv.x, a);
-            w = dp4a_u8s8(ws[2 * t], bv.x, w);
-            a = dp4a_u8s8(ws[2 * t + 1] & 0x0F0F0F0Fu, bv.y, a);
-            w = dp4a_u8s8(ws[2 * t + 1], bv.y, w);
-        }
-        da[j] = a;
-        dh[j] = (w - a) >> 4;  // 16 times row g + 8's dot, exactly
-    }
-    const bool c0 = (lane & 3) == 0;
-    const int olo = c0 ? 8 * (xsum & 0xFFFF) : 0, ohi = c0 ? 8 * (xsum >> 16) : 0;
-    const float fa = fmaf((float)(da[2] - ohi), 65536.f, (float)(da[0] + 256 * da[1] - olo));
-    const float fb = fmaf((float)(dh[2] - ohi), 65536.f, (float)(dh[0] + 256 * dh[1] - olo));
-    acc_a = fmaf(fa, sa * xsc, acc_a);
-    acc_b = fmaf(fb, sb * xsc, acc_b);
-}
-#endif
-// A W4A16 cell by `mma` (ss_cell4, xb: this lane's B entries) or, where SS_W4_MIX says so (D), by
-// `dp4a` (ss_cell4d, xd: its quad column's); the default build always the first.
-template <bool D>
-__device__ __forceinline__ void ss_cell4x(const uint4* cp, const uint2* xb, const uint2* xd, int xsum, float xsc,
-                                          int lane, float& acc_a, float& acc_b) {
-#if SS_W4D
-    if constexpr (D) {
-        ss_cell4d(cp, xd, xsum, xsc, lane, acc_a, acc_b);
-        return;
-    }
-#endif
-    (void)xd;
-    ss_cell4(cp, xb, xsum, xsc, lane, acc_a, acc_b);
-}
-
 struct SsPass {
     int np, kw, rounds;
 };
@@ -722,11 +656,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // B column n < 3 digit n's (the other columns' sums are not used: any digit's).
     const uint2* xb4 = (const uint2*)xs + SS_DIG / 8 * ((lane >> 2) < 3 ? (lane >> 2) : 0) + (lane & 3);
     (void)xb4;
-    // SS_W4_MIX's dp4a cells (ss_cell4d): the group's digit tables at this lane's quad column.
-    const uint2* xd4 = (const uint2*)xs + (lane & 3);
-    (void)xd4;
-    // Which cells go by dp4a: a pair's second (SS_W4D 1 or 2), its first and the single ones (2).
-    constexpr bool D2 = SS_W4D >= 1, D1 = SS_W4D == 2;
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2. (bf16 cells take x as the prologue left it.)
     if constexpr (W4) {
@@ -783,10 +712,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                         ss_cell8(R.cells + slot1 * CU4, xw8 + (gofs + r + 1) * GC, sc8 + slot1 * SS_SC_U4, lane,
                                  acc_a, acc_b);
                     } else if constexpr (W4) {
-                        ss_cell4x<D1>(R.cells + slot * CU4, xb4 + (gofs + r) * 64, xd4 + (gofs + r) * 64, x8[r],
-                                      xc[r], lane, acc_a, acc_b);
-                        ss_cell4x<D2>(R.cells + slot1 * CU4, xb4 + (gofs + r + 1) * 64, xd4 + (gofs + r + 1) * 64,
-                                      x8[r + 1], xc[r + 1], lane, acc_a, acc_b);
+                        ss_cell4(R.cells + slot * CU4, xb4 + (gofs + r) * 64, x8[r], xc[r], lane, acc_a, acc_b);
+                        ss_cell4(R.cells + slot1 * CU4, xb4 + (gofs + r + 1) * 64, x8[r + 1], xc[r + 1], lane,
+                                 acc_a, acc_b);
                     } else {
                         ss_cell(R.cells + slot * CU4, xb, x8[r], xc[r], lane, acc_a, acc_b);
                         ss_cell(R.cells + slot1 * CU4, xb + xstep, x8[r + 1], xc[r + 1], lane, acc_a,
@@ -806,8 +734,7 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                         ss_cell8(R.cells + slot * CU4, xw8 + (gofs + r) * GC, sc8 + slot * SS_SC_U4, lane, acc_a,
                                  acc_b);
                     else if constexpr (W4)
-                        ss_cell4x<D1>(R.cells + slot * CU4, xb4 + (gofs + r) * 64, xd4 + (gofs + r) * 64, x8[r],
-                                      xc[r], lane, acc_a, acc_b);
+                        ss_cell4(R.cells + slot * CU4, xb4 + (gofs + r) * 64, x8[r], xc[r], lane, acc_a, acc_b);
                     else
                         ss_cell(R.cells + slot * CU4, xb, x8[r], xc[r], lane, acc_a, acc_b);
                 }
@@ -831,10 +758,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                         ss_cell8(R.cell(p1), xw8 + (gofs + gb) * GC, sc8 + R.slot(p1) * SS_SC_U4, lane, acc_a,
                                  acc_b);
                     } else if constexpr (W4) {
-                        ss_cell4x<D1>(R.cell(p0), xb4 + (gofs + ga) * 64, xd4 + (gofs + ga) * 64, sm.xs8[gofs + ga],
-                                      sm.xsc[gofs + ga], lane, acc_a, acc_b);
-                        ss_cell4x<D2>(R.cell(p1), xb4 + (gofs + gb) * 64, xd4 + (gofs + gb) * 64, sm.xs8[gofs + gb],
-                                      sm.xsc[gofs + gb], lane, acc_a, acc_b);
+                        ss_cell4(R.cell(p0), xb4 + (gofs + ga) * 64, sm.xs8[gofs + ga], sm.xsc[gofs + ga], lane,
+                                 acc_a, acc_b);
+                        ss_cell4(R.cell(p1), xb4 + (gofs + gb) * 64, sm.xs8[gofs + gb], sm.xsc[gofs + gb], lane,
+                                 acc_a, acc_b);
                     } else {
                         ss_cell(R.cell(p0), SS_XB(gofs + ga), sm.xs8[gofs + ga], sm.xsc[gofs + ga], lane,
                                 acc_a, acc_b);
@@ -855,8 +782,8 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
                         ss_cell8(R.cell(pos), xw8 + (gofs + grp) * GC, sc8 + R.slot(pos) * SS_SC_U4, lane, acc_a,
                                  acc_b);
                     else if constexpr (W4)
-                        ss_cell4x<D1>(R.cell(pos), xb4 + (gofs + grp) * 64, xd4 + (gofs + grp) * 64,
-                                      sm.xs8[gofs + grp], sm.xsc[gofs + grp], lane, acc_a, acc_b);
+                        ss_cell4(R.cell(pos), xb4 + (gofs + grp) * 64, sm.xs8[gofs + grp], sm.xsc[gofs + grp],
+                                 lane, acc_a, acc_b);
                     else
                         ss_cell(R.cell(pos), SS_XB(gofs + grp), sm.xs8[gofs + grp], sm.xsc[gofs + grp], lane,
                                 acc_a, acc_b);
