@@ -815,15 +815,18 @@ impl CudaRunner {
     /// out (`HAYAI_STREAM_PROBE_SKIP`).
     pub fn weight_bytes_per_token(&self) -> usize {
         let head = self.lm_head_int8.as_ref().unwrap_or(&self.lm_head);
-        let m = |label: &str, m: Option<&DevMat>| match m {
-            Some(m) if !self.probe_skip.iter().any(|s| s == label) => m.bytes,
+        // A matrix's bytes under its operation's label, none where the probe skips it.
+        let streamed = |label: &str, mat: Option<&DevMat>| match mat {
+            Some(mat) if !self.probe_skip.iter().any(|s| s == label) => mat.bytes,
             _ => 0,
         };
-        let mut b = m("gemv.lm_head", Some(head)) + m("gemv.ple_model", self.ple_model.as_ref());
+        let mut b = streamed("gemv.lm_head", Some(head))
+            + streamed("gemv.ple_model", self.ple_model.as_ref());
         for l in &self.layers {
-            b += m("gemv.qkv", Some(&l.qkv)) + m("gemv.o", Some(&l.o));
-            b += m("gemv.gate_up", Some(&l.gateup)) + m("gemv.down", Some(&l.down));
-            b += m("gemv.ple_gate", l.ple_gate.as_ref()) + m("gemv.ple_proj", l.ple_proj.as_ref());
+            b += streamed("gemv.qkv", Some(&l.qkv)) + streamed("gemv.o", Some(&l.o));
+            b += streamed("gemv.gate_up", Some(&l.gateup)) + streamed("gemv.down", Some(&l.down));
+            b += streamed("gemv.ple_gate", l.ple_gate.as_ref())
+                + streamed("gemv.ple_proj", l.ple_proj.as_ref());
         }
         b
     }
