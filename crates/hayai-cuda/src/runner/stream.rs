@@ -151,7 +151,7 @@ impl CudaRunner {
             .filter(|l| !skip.iter().any(|s| s == l.label))
             .collect();
         let st = step_streams(&self.model, self.quant, grid, STREAM_WARPS, head8, &skip)?;
-        self.probe_skip = skip.clone();
+        self.probe_skip = skip;
         let streams = &st.streams;
         let ops: Vec<(&'static str, &'static str, &[u64])> = kept
             .iter()
