@@ -621,6 +621,18 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
+#ifndef SS_O_MERGE
+#define SS_O_MERGE 0
+#endif
+struct SsaLayout;
+#if SS_O_MERGE
+#ifndef SSA_MAX_RANGES
+#error "SS_O_MERGE needs SSA_MAX_RANGES (the ranges a lane of ss_merge_in holds)"
+#endif
+__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1,
+                            float* ws);
+#endif
+
 // FMT (SS_FMT_*): A8 int4 cells times int8 x (ss_cell); W16 bf16 cells (64 columns a group,
 // ss_cell16) multiplying the prologue's float x in place; W4 int4 cells times x as a 23-bit
 // fixed point (ss_cell4, the input turned into int8 digits in place by ss_x_digits).
@@ -628,7 +640,8 @@ template <int NCH, int FMT = SS_FMT_A8>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH, FMT == SS_FMT_W16 || FMT == SS_FMT_I8 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc,
                         volatile int* hold, unsigned long long* stamps, int x_floats, unsigned long long* tl,
-                        const uint4* sring = nullptr) {
+                        const uint4* sring = nullptr, const float* macc = nullptr, const float* mml = nullptr,
+                        const SsaLayout* mlay = nullptr) {
     constexpr bool W16 = FMT == SS_FMT_W16, W4 = FMT == SS_FMT_W4, I8 = FMT == SS_FMT_I8;
     constexpr int CU4 = W16 || I8 ? SS_W16_U4 : SS_CELL_U4;
     constexpr int GC = W16 ? 64 : 128;  // a group's (a cell's) columns
@@ -640,6 +653,12 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
+#if SS_O_MERGE
+    if (macc) {
+        if (g.cols + 33 * SS_NW > x_floats) __trap();
+        ss_merge_in(macc, mml, *mlay, xs, g0 * GC, g1 * GC, xs + g.cols);
+    } else
+#endif
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * (GC / 4), g1 * (GC / 4),
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
@@ -1429,6 +1448,13 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
         ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl);
     stamp_at(stamps, 1);
     ss_tl_at(tl, 5);
+#if defined(SS_PROBE_NOMERGE) || SS_O_MERGE
+    // SS_PROBE_NOMERGE, a timing-only measurement build (wrong outputs): no ranges barrier and
+    // no merge, so the attention's own publication is the O projection's link: what merging the
+    // ranges in O's prologue could save at most (docs/performance.md, forty-eighth session).
+    // SS_O_MERGE: the O projection merges them (ss_merge_in).
+    return;
+#endif
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
     ct.sync();
     if (tid == 0) {
@@ -1445,6 +1471,53 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     const int o0 = blockIdx.x * per, o1 = min(total, o0 + per);
     ssa_merge(a, hd, S, o0, o1, xs);
 }
+
+#if SS_O_MERGE
+// The O projection's input merged from the attention's ranges in its prologue (SS_O_MERGE, a
+// measurement build: no ranges barrier, no merge operation and no link between them): columns
+// [c0, c1) of the nh x hd outputs into xs, each lane two columns with its ranges' partials
+// requested before the heads' weights are worked out (one warp a head: e_s = exp(m_s - max m),
+// 1 / sum(l_s e_s)), so the two loads' round trips overlap. ws: 33 floats a head spanned.
+// The ranges at most SS_OM (SSA_MAX_RANGES): a lane's partials in registers.
+#define SS_OM SSA_MAX_RANGES
+__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1,
+                            float* ws) {
+    const ConsumerThreads ct;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int hd = L.hd, S = L.S, h0 = c0 / hd, nh = (c1 - 1) / hd - h0 + 1;
+    if (S > SS_OM || nh > SS_NW) __trap();
+    int c = c0 + tid;
+    float v[SS_OM];
+    auto load = [&](int col) {
+        const int h = col / hd, d = col - h * hd;
+        const float* pa = pacc + (size_t)h * ATTN_MAX_SPLITS * hd + d;
+#pragma unroll
+        for (int s = 0; s < SS_OM; s++) v[s] = s < S ? __ldcg(pa + (size_t)s * hd) : 0.f;
+    };
+    if (c < c1) load(c);
+    if (warp < nh) {
+        const float* ml = pml + 2 * (size_t)(h0 + warp) * ATTN_MAX_SPLITS;
+        const bool in = lane < S;
+        const float m = in ? __ldcg(ml + 2 * lane) : -INFINITY, l = in ? __ldcg(ml + 2 * lane + 1) : 0.f;
+        const float mx = warp_max(m);
+        const float e = in ? expf(m - mx) : 0.f;
+        const float tot = warp_sum(l * e);
+        ws[warp * 33 + lane] = e;
+        if (lane == 0) ws[warp * 33 + 32] = 1.f / tot;
+    }
+    ct.sync();
+    for (; c < c1; c += SS_NW * 32) {
+        const float* e = ws + (c / hd - h0) * 33;
+        float a = 0.f;
+#pragma unroll
+        for (int s = 0; s < SS_OM; s++)
+            if (s < S) a = fmaf(v[s], e[s], a);
+        xs[c] = a * e[32];
+        if (c + SS_NW * 32 < c1) load(c + SS_NW * 32);
+    }
+    ct.sync();
+}
+#endif
 
 // FMT: ss_gemv's cell format.
 // I8H: a bf16 kernel that also runs an int8 output head (SS_W_INT8 operations, the scale ring);
@@ -1517,6 +1590,13 @@ __device__ void stream_body(const StreamParams& P) {
     const unsigned target = done_base + (unsigned)nsm;
     const int avail = P.x_floats + SS_MAXG * 32;  // attention staging: x and the int8 fragments
     int pc = 0;
+#if SS_O_MERGE
+    // The last operation's attention partials when it was an attention (its O projection merges
+    // them: ss_merge_in).
+    __shared__ const float* om_acc;
+    __shared__ const float* om_ml;
+    bool after_attn = false;
+#endif
     for (int k = 0; k < P.n_ops; k++) {
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
         // The next record (and, for a GEMV, this SM's share) staged before this one's wait.
@@ -1549,8 +1629,19 @@ __device__ void stream_body(const StreamParams& P) {
                 ss_gemv<NCH, I8H ? SS_FMT_I8 : FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps,
                                                      P.x_floats, tl, sring);
             else
+#if SS_O_MERGE
+                ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl,
+                                  nullptr, after_attn ? om_acc : nullptr, om_ml, &lay);
+#else
                 ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
+#endif
         } else if (kind == STEP_ATTN) {
+#if SS_O_MERGE
+            if (tid == 0) {
+                om_acc = op.a.part_acc;
+                om_ml = op.a.part_ml;
+            }
+#endif
             ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
@@ -1571,6 +1662,9 @@ __device__ void stream_body(const StreamParams& P) {
             if (stamps) atomicMax(stamps + 5, global_ns());
         }
         stamp_at(stamps, 4);
+#if SS_O_MERGE
+        after_attn = kind == STEP_ATTN;
+#endif
     }
     // Let the producer finish (cells of GEMVs this SM had no units of are none; this releases all).
     R.release_to(0xffffffffu - SS_CH);
