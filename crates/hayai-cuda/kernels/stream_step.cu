@@ -629,8 +629,7 @@ struct SsaLayout;
 #ifndef SSA_MAX_RANGES
 #error "SS_O_MERGE needs SSA_MAX_RANGES (the ranges a lane of ss_merge_in holds)"
 #endif
-__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1,
-                            float* ws);
+__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1);
 #endif
 
 // FMT (SS_FMT_*): A8 int4 cells times int8 x (ss_cell); W16 bf16 cells (64 columns a group,
@@ -654,10 +653,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
 #if SS_O_MERGE
-    if (macc) {
-        if (g.cols + 33 * SS_NW > x_floats) __trap();
-        ss_merge_in(macc, mml, *mlay, xs, g0 * GC, g1 * GC, xs + g.cols);
-    } else
+    if (macc)
+        ss_merge_in(macc, mml, *mlay, xs, g0 * GC, g1 * GC);
+    else
 #endif
     gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * (GC / 4), g1 * (GC / 4),
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
@@ -867,6 +865,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 
 struct SsaLayout {
     int r, hd, tk, S, chunk, n_keys, first, pos;
+#if SS_O_MERGE
+    int om;  // the O projection merges this attention's ranges (ss_merge_in)
+#endif
     float *q, *o, *kf, *vf, *cs, *m, *l, *corr, *sc, *kt, *vt;
 };
 
@@ -900,11 +901,20 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
         // A measurement build (-DSSA_MAX_RANGES=N): at most N ranges a KV head, the longer ones
         // as several tiles. What items of few ranges cost, which decides whether the merge
         // could move into O's prologue (docs/performance.md, forty-sixth session's next steps).
+#if SS_O_MERGE && defined(SS_OM_KEYS)
+        // With SS_O_MERGE: only where N ranges keep an item within SS_OM_KEYS keys (a long
+        // context's global layers keep their ranges spread over the SMs and the merge).
+        if ((L.n_keys + SSA_MAX_RANGES - 1) / SSA_MAX_RANGES <= SS_OM_KEYS) s0 = min(s0, SSA_MAX_RANGES);
+#else
         s0 = min(s0, SSA_MAX_RANGES);
+#endif
 #endif
     }
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
+#if SS_O_MERGE
+    L.om = L.S <= SSA_MAX_RANGES;
+#endif
     float* p = xs;
     L.q = p;
     p += L.r * L.hd;
@@ -1452,8 +1462,11 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     // SS_PROBE_NOMERGE, a timing-only measurement build (wrong outputs): no ranges barrier and
     // no merge, so the attention's own publication is the O projection's link: what merging the
     // ranges in O's prologue could save at most (docs/performance.md, forty-eighth session).
-    // SS_O_MERGE: the O projection merges them (ss_merge_in).
-    return;
+    // SS_O_MERGE: the O projection merges them (ss_merge_in) where the ranges are few enough.
+#if SS_O_MERGE && !defined(SS_PROBE_NOMERGE)
+    if (L.om)
+#endif
+        return;
 #endif
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
     ct.sync();
@@ -1475,47 +1488,39 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
 #if SS_O_MERGE
 // The O projection's input merged from the attention's ranges in its prologue (SS_O_MERGE, a
 // measurement build: no ranges barrier, no merge operation and no link between them): columns
-// [c0, c1) of the nh x hd outputs into xs, each lane two columns with its ranges' partials
-// requested before the heads' weights are worked out (one warp a head: e_s = exp(m_s - max m),
-// 1 / sum(l_s e_s)), so the two loads' round trips overlap. ws: 33 floats a head spanned.
-// The ranges at most SS_OM (SSA_MAX_RANGES): a lane's partials in registers.
+// [c0, c1) of the nh x hd outputs into xs, a lane a column: its S ranges' partials (at most
+// SS_OM = SSA_MAX_RANGES, in registers) and its head's (m, l) requested together, one round
+// trip; out = sum(acc_s e_s) / sum(l_s e_s), e_s = exp(m_s - max m) (ssa_merge's terms, the
+// ranges summed in order). No barrier before the sums: each warp works out its head's weights
+// (a first form with one warp a head and a barrier made the kernel spill).
 #define SS_OM SSA_MAX_RANGES
-__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1,
-                            float* ws) {
-    const ConsumerThreads ct;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int hd = L.hd, S = L.S, h0 = c0 / hd, nh = (c1 - 1) / hd - h0 + 1;
-    if (S > SS_OM || nh > SS_NW) __trap();
-    int c = c0 + tid;
-    float v[SS_OM];
-    auto load = [&](int col) {
-        const int h = col / hd, d = col - h * hd;
+__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int hd = L.hd, S = L.S;
+    if (S > SS_OM) __trap();
+    // A warp's 32 columns lie in one head (c0 and hd multiples of 128): the warp works out that
+    // head's weights itself (lane s range s's), its loads in flight with the partials'.
+    for (int c = c0 + tid; c < c1; c += SS_NW * 32) {
+        const int h = c / hd, d = c - h * hd;
         const float* pa = pacc + (size_t)h * ATTN_MAX_SPLITS * hd + d;
+        float v[SS_OM];
 #pragma unroll
         for (int s = 0; s < SS_OM; s++) v[s] = s < S ? __ldcg(pa + (size_t)s * hd) : 0.f;
-    };
-    if (c < c1) load(c);
-    if (warp < nh) {
-        const float* ml = pml + 2 * (size_t)(h0 + warp) * ATTN_MAX_SPLITS;
+        const float* ml = pml + 2 * (size_t)h * ATTN_MAX_SPLITS;
         const bool in = lane < S;
         const float m = in ? __ldcg(ml + 2 * lane) : -INFINITY, l = in ? __ldcg(ml + 2 * lane + 1) : 0.f;
         const float mx = warp_max(m);
         const float e = in ? expf(m - mx) : 0.f;
         const float tot = warp_sum(l * e);
-        ws[warp * 33 + lane] = e;
-        if (lane == 0) ws[warp * 33 + 32] = 1.f / tot;
-    }
-    ct.sync();
-    for (; c < c1; c += SS_NW * 32) {
-        const float* e = ws + (c / hd - h0) * 33;
-        float a = 0.f;
+        float acc = 0.f;
 #pragma unroll
-        for (int s = 0; s < SS_OM; s++)
-            if (s < S) a = fmaf(v[s], e[s], a);
-        xs[c] = a * e[32];
-        if (c + SS_NW * 32 < c1) load(c + SS_NW * 32);
+        for (int s = 0; s < SS_OM; s++) {
+            const float es = __shfl_sync(HAYAI_FULL_MASK, e, s);
+            if (s < S) acc = fmaf(v[s], es, acc);
+        }
+        xs[c] = acc * (1.f / tot);
     }
-    ct.sync();
+    ConsumerThreads{}.sync();
 }
 #endif
 
@@ -1631,7 +1636,7 @@ __device__ void stream_body(const StreamParams& P) {
             else
 #if SS_O_MERGE
                 ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl,
-                                  nullptr, after_attn ? om_acc : nullptr, om_ml, &lay);
+                                  nullptr, after_attn && lay.om ? om_acc : nullptr, om_ml, &lay);
 #else
                 ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
 #endif
