@@ -48,7 +48,8 @@
 #         .gpu/hayai.gz; PROFILE_QUANT: int4-a8 (default), int4 or bf16; ~2 min);
 #         timeline: every SM's view of one profiled streamed step (SS_TIMELINE=1 build, carried
 #         as .gpz/gpu_check_tl.gz, or the builds in TL_BINS; scripts/stream_timeline.py prints the
-#         critical path, and with several builds each one's tables against the first's; ~1 min each);
+#         critical path, and with several builds each one's tables against the first's; TL_STAGE: the
+#         gpu_check stage profiled, bench-stream (W4A8) or bench-stream-w4 / bench-stream-bf16; ~1 min each);
 #         pending: the streamed-step prototype's defaults re-measured (W4A8 on the 11-chunk ring,
 #         with attention, with the real step's input phases (REAL), --tiny, --skew, the cell rate,
 #         bf16, and the not-yet-run greedy token (ARGMAX); scripts/proto-stream.sh; nvcc there,
@@ -288,7 +289,7 @@ run() {
     local tb n=0
     for tb in ${TL_BINS:-.gpu/gpu_check_tl}; do
       echo "-- $tb" | tee -a "$out/session.log"
-      HAYAI_STREAM_TIMELINE="$out/tl$n.bin" timeout "${TL_TIMEOUT:-120}" "$tb" bench-stream 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
+      HAYAI_STREAM_TIMELINE="$out/tl$n.bin" timeout "${TL_TIMEOUT:-120}" "$tb" "${TL_STAGE:-bench-stream}" 2>&1 | grep -E "decode:" | tee -a "$out/session.log"
       python3 scripts/stream_timeline.py "$out/tl$n.bin" 2>&1 | tee -a "$out/session.log"
       n=$((n + 1))
     done
