@@ -624,6 +624,12 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
 #ifndef SS_O_MERGE
 #define SS_O_MERGE 0
 #endif
+// A measurement build's switch: read the probe word of each operation record (stream_step.cu's
+// wait, runner/stream.rs STREAM_PROBE_NOWAIT_AT), set by HAYAI_STREAM_PROBE_NOWAIT.
+#ifndef SS_PROBE_NOWAIT
+#define SS_PROBE_NOWAIT 0
+#endif
+#define SS_PROBE_WORD (STEP_OP_BYTES / 4 - 1)
 struct SsaLayout;
 #if SS_O_MERGE
 #ifndef SSA_MAX_RANGES
@@ -1620,7 +1626,14 @@ __device__ void stream_body(const StreamParams& P) {
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
         // (Not an argmax over this SM's own lm_head rows: its own barrier ordered them.)
+#if SS_PROBE_NOWAIT
+        // The timing probe HAYAI_STREAM_PROBE_NOWAIT (wrong outputs): an operation the host
+        // marked starts on its stale input without waiting for the one before it, what one
+        // grid-wide hand-over fewer would give with every cell still run.
+        if (k > 0 && tid == 0 && !(op.kind == STEP_ARGMAX1 && op.m.own) && !((const int*)&op)[SS_PROBE_WORD]) {
+#else
         if (k > 0 && tid == 0 && !(op.kind == STEP_ARGMAX1 && op.m.own)) {
+#endif
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             ss_wait_count(P.done + k - 1, target);
         }

@@ -158,12 +158,29 @@ impl CudaRunner {
             .map(|l| (l.kernel, l.label, &l.params[..]))
             .collect();
         let StreamRecords {
-            bytes,
+            mut bytes,
             n_gemv,
             pos,
             names,
         } = stream_records(&ops, &st.labels, &streams.ops)?;
         let n = names.len();
+        // The timing probe's operations started without their wait (none by default).
+        let kept_labels: Vec<&str> = names.iter().map(|&(_, l)| l).collect();
+        let nowait = probe_labels(
+            std::env::var("HAYAI_STREAM_PROBE_NOWAIT").ok().as_deref(),
+            &kept_labels,
+        )
+        .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_NOWAIT: {m}")))?;
+        if !nowait.is_empty() {
+            eprintln!(
+                "warning: HAYAI_STREAM_PROBE_NOWAIT={}: these operations start without waiting \
+                 for the one before them, a timing probe whose outputs are wrong (read only by \
+                 kernels built with -DSS_PROBE_NOWAIT=1)",
+                nowait.join(",")
+            );
+            mark_nowait(&mut bytes, &kept_labels, &nowait)
+                .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_NOWAIT: {m}")))?;
+        }
         let meta = timeline_meta(&names, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
         let sm_base: Vec<u64> = streams.sm_base[..grid].iter().map(|&b| b as u64).collect();
@@ -453,6 +470,20 @@ pub(super) fn env_i32(var: &str) -> Option<i32> {
 /// the runner says on stderr. GEMVs and the attention only (not the argmax, whose token the
 /// host waits for); each label must name an operation of `labels` (the plan's).
 fn probe_skip(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, String> {
+    let out = probe_labels(var, labels)?;
+    if labels
+        .iter()
+        .all(|l| out.iter().any(|s| s == l) || l.starts_with("argmax"))
+    {
+        return Err("nothing but the argmax would be left".into());
+    }
+    Ok(out)
+}
+
+/// A timing probe's comma-separated operation labels (`HAYAI_STREAM_PROBE_SKIP`,
+/// `HAYAI_STREAM_PROBE_NOWAIT`), each once: GEMVs and the attention only, each a label of
+/// `labels` (the plan's).
+fn probe_labels(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for item in var.unwrap_or("").split(',').map(str::trim) {
         if item.is_empty() || out.iter().any(|s| s == item) {
@@ -468,13 +499,29 @@ fn probe_skip(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, String>
         }
         out.push(item.to_string());
     }
-    if labels
-        .iter()
-        .all(|l| out.iter().any(|s| s == l) || l.starts_with("argmax"))
-    {
-        return Err("nothing but the argmax would be left".into());
-    }
     Ok(out)
+}
+
+/// Where an operation record holds the probe word (stream_step.cu `SS_PROBE_WORD`): past every
+/// operation's parameters.
+const STREAM_PROBE_NOWAIT_AT: usize = STEP_OP_BYTES - 4;
+
+/// The streamed step's second timing probe (`HAYAI_STREAM_PROBE_NOWAIT`, labels as
+/// [`probe_labels`]): every operation named (each layer's) is marked to start on its stale input
+/// without waiting for the operation before it, so the step shows what one grid-wide hand-over
+/// fewer would give with every cell still run (a fold's ceiling). Only kernels built with
+/// `-DSS_PROBE_NOWAIT=1` read the mark; the first operation has no wait to leave out.
+fn mark_nowait(bytes: &mut [u8], labels: &[&str], nowait: &[String]) -> Result<(), String> {
+    for (i, l) in labels.iter().enumerate().skip(1) {
+        if nowait.iter().any(|s| s == l) {
+            let word = &mut bytes[i * STEP_OP_BYTES + STREAM_PROBE_NOWAIT_AT..][..4];
+            if word.iter().any(|&b| b != 0) {
+                return Err(format!("{l}: its parameters reach the probe word"));
+            }
+            word.copy_from_slice(&1i32.to_le_bytes());
+        }
+    }
+    Ok(())
 }
 
 /// The fewest keys a range of the streamed step's attention takes where the context allows
@@ -866,6 +913,47 @@ mod tests {
             let e = probe_skip(Some(var), &labels).unwrap_err();
             assert!(e.contains(want), "{var}: {e}");
         }
+    }
+
+    /// The second probe marks every operation it names, each layer's, but the first (which
+    /// has no wait), in the word past the parameters, and nothing else.
+    #[test]
+    fn probe_nowait_marks_the_named_operations_past_their_parameters() {
+        let labels = [
+            "gemv.qkv",
+            "attention",
+            "gemv.o",
+            "gemv.qkv",
+            "attention",
+            "argmax",
+        ];
+        let nowait = probe_labels(Some("gemv.qkv,attention"), &labels).unwrap();
+        assert!(probe_labels(Some("argmax"), &labels).is_err());
+        let mut bytes = vec![0u8; labels.len() * STEP_OP_BYTES];
+        bytes[7] = 9; // a parameter byte stays
+        mark_nowait(&mut bytes, &labels, &nowait).unwrap();
+        let word = |i: usize| {
+            i32::from_le_bytes(
+                bytes[i * STEP_OP_BYTES + STREAM_PROBE_NOWAIT_AT..][..4]
+                    .try_into()
+                    .unwrap(),
+            )
+        };
+        assert_eq!(
+            (0..labels.len()).map(word).collect::<Vec<_>>(),
+            [0, 1, 0, 1, 1, 0]
+        );
+        assert_eq!(bytes.iter().filter(|&&b| b != 0).count(), 4);
+        assert_eq!(bytes[7], 9);
+        // Parameters that reach the word are an error, not overwritten.
+        bytes[STEP_OP_BYTES * 2 + STREAM_PROBE_NOWAIT_AT] = 5;
+        let e = mark_nowait(&mut bytes, &labels, &["gemv.o".to_string()]).unwrap_err();
+        assert!(e.contains("gemv.o"), "{e}");
+        // The word sits past the largest record the stream takes (GEMV and attention).
+        assert!(
+            std::mem::size_of::<GemvParams>().max(std::mem::size_of::<AttnParams>())
+                <= STREAM_PROBE_NOWAIT_AT - 8
+        );
     }
 
     /// Streams built without the probe's operations keep every other GEMV, in order and shape.

@@ -191,7 +191,7 @@ impl CpuRunner {
     }
 
     /// Per-layer inputs (GEMMA4.md §3.2): `n × n_layers × ple_dim`.
-    fn per_layer_inputs(&self, tokens: &[u32], x0: &[f32]) -> Option<Vec<f32>> {
+    pub fn per_layer_inputs(&self, tokens: &[u32], x0: &[f32]) -> Option<Vec<f32>> {
         let spec = &self.model.spec;
         let (ps, pw) = (spec.ple.as_ref()?, self.model.weights.ple.as_ref()?);
         let (n, nl, d) = (tokens.len(), spec.n_layers(), ps.dim);
