@@ -19,13 +19,17 @@
 //! forced on the reference's tokens, and prints how far its logits move.
 //!
 //! usage: fold_numerics [MODEL] [QUANT] [STEPS] [VARIANT ...]
-//!        MODEL: `small` (the GPU parity's small Gemma 4, the default) or `e4b-12` (E4B's widths,
-//!        12 layers, a 16,384-token vocabulary); QUANT `int4` (default) or `bf16`; STEPS
-//!        generated tokens (default 64); VARIANT among `unfolded f32 bf16 bf16x2 int4 int4x2`
-//!        (default all), `VARIANT:m` or `VARIANT:g` storing only M or only G' so (the other in
-//!        f32). `unfolded` is this decoder without the folds: it must reproduce the reference
-//!        exactly, which checks the decoder itself.
+//!        MODEL: `small` (the GPU parity's small Gemma 4, the default), `e4b-12` (E4B's widths,
+//!        12 layers, a 16,384-token vocabulary) or `e4b` (the engine benchmark's E4B shapes,
+//!        bf16 only, ~16 GB of memory); QUANT `int4` (default) or `bf16`; STEPS
+//!        generated tokens (default 64); VARIANT among `unfolded nudged f32 bf16 bf16x2 int4
+//!        int4x2` (default all), `VARIANT:m` or `VARIANT:g` folding only M or only G' (the other
+//!        part computed as the reference does). `unfolded` is this decoder without the folds: it must
+//!        reproduce the reference exactly, which checks the decoder itself; `nudged` is that
+//!        with every product's input moved by one ulp: the model's sensitivity to a last-bit
+//!        difference, the yardstick for the folds' f32 rounding.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,7 +37,7 @@ use half::bf16;
 use hayai_cuda::quant::{quantize_model_int4, round_model_bf16};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
 use hayai_model::cpu::ops::{attend, gelu_tanh, rope, softcap};
-use hayai_model::cpu::CpuRunner;
+use hayai_model::cpu::{nudge, CpuRunner};
 use hayai_model::random::random_model;
 use hayai_model::{argmax, Arch, Matrix, Model, ModelSpec, Rows, Runner};
 use rayon::prelude::*;
@@ -43,6 +47,9 @@ use rayon::prelude::*;
 enum Variant {
     /// No folds: the reference's own algebra in this decoder (the decoder's check).
     Unfolded,
+    /// No folds, every product's input moved one unit in the last place (up or down by a hash):
+    /// what a last-bit difference anywhere (another summation order) does to this model.
+    Nudged,
     /// Folded, `M` and `G'` in f32.
     F32,
     /// Folded, rounded to bf16.
@@ -59,6 +66,7 @@ impl Variant {
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "unfolded" => Variant::Unfolded,
+            "nudged" => Variant::Nudged,
             "f32" => Variant::F32,
             "bf16" => Variant::Bf16,
             "bf16x2" => Variant::Bf16x2,
@@ -67,10 +75,14 @@ impl Variant {
             _ => return None,
         })
     }
+    /// Whether this variant folds (stores precomposed matrices).
+    fn folds(self) -> bool {
+        !matches!(self, Variant::Unfolded | Variant::Nudged)
+    }
     /// Bytes a stored value takes (scales included for int4).
     fn bytes_per_value(self) -> f64 {
         match self {
-            Variant::Unfolded => 0.0,
+            Variant::Unfolded | Variant::Nudged => 0.0,
             Variant::F32 => 4.0,
             Variant::Bf16 => 2.0,
             Variant::Bf16x2 => 4.0,
@@ -97,7 +109,7 @@ fn int4_group(g: &mut [f32]) {
 fn stored(mut data: Vec<f32>, cols: usize, variant: Variant) -> Vec<f32> {
     let group = cols.min(128);
     match variant {
-        Variant::Unfolded | Variant::F32 => {}
+        Variant::Unfolded | Variant::Nudged | Variant::F32 => {}
         Variant::Bf16 => data
             .par_iter_mut()
             .for_each(|v| *v = bf16::from_f32(*v).to_f32()),
@@ -139,10 +151,23 @@ fn compose(a: &Matrix, w: &[f32], b: &Matrix) -> Vec<f32> {
     out
 }
 
-/// `m` times the vector `x`.
+/// The seed of [`Variant::Nudged`]'s pattern while it runs (0: off).
+static NUDGE: AtomicU64 = AtomicU64::new(0);
+
+/// `m` times the vector `x` (nudged while [`NUDGE`] is set).
 fn mv(m: &Matrix, x: &[f32]) -> Vec<f32> {
     let mut y = vec![0.0f32; m.rows];
-    m.matmul(x, &mut y);
+    match NUDGE.load(Ordering::Relaxed) {
+        0 => m.matmul(x, &mut y),
+        seed => {
+            let xn: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| nudge(v, i, seed))
+                .collect();
+            m.matmul(&xn, &mut y)
+        }
+    }
     y
 }
 
@@ -243,14 +268,18 @@ struct Folded {
     model: Arc<Model>,
     aux: CpuRunner,
     folds: Option<Arc<Vec<Folds>>>,
+    /// Which folds `folds` serves: M (the next QKV) and G' (the PLE gate).
+    fold_m: bool,
+    fold_g: bool,
     kv: Vec<(Vec<f32>, Vec<f32>)>,
     inv_freq: Vec<Vec<f32>>,
     len: usize,
 }
 
 impl Folded {
-    /// The decoder, folded with `folds` or (`None`) in the reference's algebra.
-    fn new(model: Arc<Model>, folds: Option<Arc<Vec<Folds>>>) -> Self {
+    /// The decoder, folded with `folds` where `fold_m` / `fold_g` say, else in the reference's
+    /// algebra.
+    fn new(model: Arc<Model>, folds: Option<Arc<Vec<Folds>>>, fold_m: bool, fold_g: bool) -> Self {
         let spec = &model.spec;
         let inv_freq = spec
             .layers
@@ -259,6 +288,8 @@ impl Folded {
             .collect();
         Folded {
             aux: CpuRunner::new(Arc::clone(&model)).expect("runner"),
+            fold_m: fold_m && folds.is_some(),
+            fold_g: fold_g && folds.is_some(),
             folds,
             kv: vec![(Vec::new(), Vec::new()); spec.n_layers()],
             inv_freq,
@@ -287,7 +318,7 @@ impl Folded {
             }
             let owns = ls.owns_kv(li);
             let (mut q, mut k, mut v);
-            match (&carry, &self.folds) {
+            match (&carry, self.folds.as_ref().filter(|_| self.fold_m)) {
                 (Some(cr), Some(folds)) => {
                     // u = W (w_in * h) + s_y M g; the true products are c s_in u.
                     let f = &folds[li - 1];
@@ -384,7 +415,7 @@ impl Folded {
                 .map(|j| xa[j] + d[j] * sf * lw.post_ffn_norm[j])
                 .collect();
             let lp = lw.ple.as_ref().unwrap();
-            let pre = match &self.folds {
+            let pre = match self.folds.as_ref().filter(|_| self.fold_g) {
                 // G h = G x' + s_f G' z.
                 Some(folds) => {
                     let (a, b) = (mv(&lp.gate, &xa), mv(&folds[li].gd, &z));
@@ -477,33 +508,39 @@ fn main() {
                 let v = Variant::parse(name).unwrap_or_else(|| panic!("unknown variant {a}"));
                 match part {
                     "" => (a.clone(), v, v),
-                    "m" if v != Variant::Unfolded => (a.clone(), v, Variant::F32),
-                    "g" if v != Variant::Unfolded => (a.clone(), Variant::F32, v),
+                    "m" if v.folds() => (a.clone(), v, Variant::Unfolded),
+                    "g" if v.folds() => (a.clone(), Variant::Unfolded, v),
                     _ => panic!("unknown variant {a}"),
                 }
             })
             .collect()
     } else {
-        ["unfolded", "f32", "bf16", "bf16x2", "int4", "int4x2"]
-            .iter()
-            .map(|a| {
-                let v = Variant::parse(a).unwrap();
-                (a.to_string(), v, v)
-            })
-            .collect()
+        [
+            "unfolded", "nudged", "f32", "bf16", "bf16x2", "int4", "int4x2",
+        ]
+        .iter()
+        .map(|a| {
+            let v = Variant::parse(a).unwrap();
+            (a.to_string(), v, v)
+        })
+        .collect()
     };
     let t = Instant::now();
     let base = match which {
         "small" => random_model(&small_spec(Arch::Gemma4), 1),
         "e4b-12" => random_model_bf16(&e4b_12_spec(), 1),
-        other => panic!("unknown model {other} (small, e4b-12)"),
+        // ~15 GB in bf16; its weights are bf16 already, so `bf16` takes it as made (a rounded
+        // copy would double the memory) and int4's f32 copy does not fit beside it.
+        "e4b" if quant == "bf16" => random_model_bf16(&e4b_spec(), 1),
+        "e4b" => panic!("e4b: bf16 only (int4's dequantized copy needs ~30 GB)"),
+        other => panic!("unknown model {other} (small, e4b-12, e4b)"),
     };
     let model = Arc::new(match quant {
+        _ if which == "e4b" => base,
         "int4" => quantize_model_int4(&base),
         "bf16" => round_model_bf16(&base),
         other => panic!("unknown quant {other} (int4, bf16)"),
     });
-    drop(base);
     println!(
         "model {which} ({} layers, hidden {}), {quant}, built in {:.1} s; {steps} greedy steps",
         model.spec.n_layers(),
@@ -531,7 +568,7 @@ fn main() {
     println!("reference: {:.1} s", t.elapsed().as_secs_f64());
 
     let t = Instant::now();
-    let raw = (variants.iter().any(|v| v.1 != Variant::Unfolded)).then(|| precompose(&model));
+    let raw = (variants.iter().any(|v| v.1.folds() || v.2.folds())).then(|| precompose(&model));
     if let Some(raw) = &raw {
         println!(
             "precomposed M and G' ({} values a step) in {:.1} s",
@@ -543,19 +580,22 @@ fn main() {
         let t = Instant::now();
         let folds = raw
             .as_ref()
-            .filter(|_| vm != Variant::Unfolded)
+            .filter(|_| vm.folds() || vg.folds())
             .map(|raw| Arc::new(raw.iter().map(|f| f.stored(vm, vg)).collect::<Vec<_>>()));
         let (values, bytes) = folds.as_ref().map_or((0, 0.0), |f| {
             f.iter().fold((0, 0.0), |(n, b), f| {
                 let g = f.gd.rows * f.gd.cols;
                 let m = f.values() - g;
+                let used = |v: Variant, k: usize| if v.folds() { k } else { 0 };
                 (
-                    n + m + g,
+                    n + used(vm, m) + used(vg, g),
                     b + m as f64 * vm.bytes_per_value() + g as f64 * vg.bytes_per_value(),
                 )
             })
         });
-        let mut f = Folded::new(Arc::clone(&model), folds);
+        let (fm, fg) = (vm.folds(), vg.folds());
+        NUDGE.store(if vm == Variant::Nudged { 7 } else { 0 }, Ordering::Relaxed);
+        let mut f = Folded::new(Arc::clone(&model), folds, fm, fg);
         // Teacher-forced on the reference's tokens: a free-running greedy decode is identical
         // up to the first argmax mismatch.
         let (mut worst, mut sum, mut mism, mut first) = (0.0f64, 0.0f64, 0usize, steps);

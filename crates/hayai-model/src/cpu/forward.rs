@@ -93,7 +93,7 @@ fn int8_rows(mut xs: Vec<f32>, cols: usize, group: usize) -> Vec<f32> {
 
 /// `v` moved one unit in the last place, away from or towards zero by a hash of `i` and `seed`
 /// (zero and non-finite values unchanged).
-fn nudge(v: f32, i: usize, seed: u64) -> f32 {
+pub fn nudge(v: f32, i: usize, seed: u64) -> f32 {
     if v == 0.0 || !v.is_finite() {
         return v;
     }

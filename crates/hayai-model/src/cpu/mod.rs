@@ -4,4 +4,4 @@ pub mod forward;
 pub mod ops;
 pub mod simd;
 
-pub use forward::{CpuRunner, MatmulInputs};
+pub use forward::{nudge, CpuRunner, MatmulInputs};
