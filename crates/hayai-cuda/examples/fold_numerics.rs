@@ -177,6 +177,22 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / ((ms as f32) + eps).sqrt()
 }
 
+/// `x * (mean(x^2) + eps)^-1/2 * w`, as the reference's `rms_norm`.
+fn normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let r = rms_scale(x, eps);
+    x.iter().zip(w).map(|(v, g)| v * r * g).collect()
+}
+
+/// `base + b * s * w` (a branch of scale `s` and norm weight `w` joining the residual).
+fn branch(base: &[f32], b: &[f32], s: f32, w: &[f32]) -> Vec<f32> {
+    (0..base.len()).map(|j| base[j] + b[j] * s * w[j]).collect()
+}
+
+/// `a + s b`.
+fn add_scaled(a: &[f32], b: &[f32], s: f32) -> Vec<f32> {
+    a.iter().zip(b).map(|(a, b)| a + s * b).collect()
+}
+
 /// Per-head RMS norm of `u` (heads of `hd`) whose true values are `s u`: `eps` enters as
 /// `eps / s^2` (the reference's norm of `s u`, without forming it).
 fn head_norm_scaled(u: &mut [f32], hd: usize, w: Option<&[f32]>, eps: f32, s: f32) {
@@ -210,6 +226,16 @@ struct Carry {
     s_y: f32,
     /// The previous layer's `layer_scalar`.
     c: f32,
+}
+
+impl Carry {
+    /// The residual after the PLE block and the layer scalar (`w_pp`: the post-PLE norm's
+    /// weights), in the reference's order.
+    fn residual(&self, w_pp: &[f32]) -> Vec<f32> {
+        let mut x = branch(&self.h, &self.y, self.s_y, w_pp);
+        x.iter_mut().for_each(|v| *v *= self.c);
+        x
+    }
 }
 
 /// `M` and `G'` of every layer in f32 (the last layer's `M` empty).
@@ -302,7 +328,7 @@ impl Folded {
     fn step(&mut self, tok: u32) -> Vec<f32> {
         let model = Arc::clone(&self.model);
         let (spec, w) = (&model.spec, &model.weights);
-        let (h, eps, p) = (spec.hidden, spec.rms_eps, self.len);
+        let (eps, p) = (spec.rms_eps, self.len);
         let pd = spec.ple.as_ref().expect("a PLE model").dim;
         let mut x = self.aux.embed(&[tok]);
         let ple = self.aux.per_layer_inputs(&[tok], &x).expect("PLE inputs");
@@ -311,10 +337,7 @@ impl Folded {
             let (hd, nh, nkv) = (ls.head_dim, ls.n_heads, ls.n_kv_heads);
             // The residual entering the layer, as every prologue rebuilds it.
             if let Some(cr) = &carry {
-                let lp = w.layers[li - 1].ple.as_ref().unwrap();
-                x = (0..h)
-                    .map(|j| (cr.h[j] + cr.y[j] * cr.s_y * lp.post_norm[j]) * cr.c)
-                    .collect();
+                x = cr.residual(&w.layers[li - 1].ple.as_ref().unwrap().post_norm);
             }
             let owns = ls.owns_kv(li);
             let (mut q, mut k, mut v);
@@ -324,13 +347,8 @@ impl Folded {
                     let f = &folds[li - 1];
                     let wh: Vec<f32> = cr.h.iter().zip(&lw.attn_norm).map(|(a, b)| a * b).collect();
                     let s = cr.c * rms_scale(&x, eps);
-                    let part = |wm: &Matrix, m: &Matrix| {
-                        let (a, b) = (mv(wm, &wh), mv(m, &cr.g));
-                        a.iter()
-                            .zip(&b)
-                            .map(|(a, b)| a + cr.s_y * b)
-                            .collect::<Vec<f32>>()
-                    };
+                    let part =
+                        |wm: &Matrix, m: &Matrix| add_scaled(&mv(wm, &wh), &mv(m, &cr.g), cr.s_y);
                     q = part(&lw.q, &f.mq);
                     head_norm_scaled(&mut q, hd, Some(&lw.q_norm), eps, s);
                     k = Vec::new();
@@ -345,12 +363,7 @@ impl Folded {
                     }
                 }
                 _ => {
-                    let r = rms_scale(&x, eps);
-                    let a: Vec<f32> = x
-                        .iter()
-                        .zip(&lw.attn_norm)
-                        .map(|(v, g)| v * r * g)
-                        .collect();
+                    let a = normed(&x, &lw.attn_norm, eps);
                     q = mv(&lw.q, &a);
                     head_norm_scaled(&mut q, hd, Some(&lw.q_norm), eps, 1.0);
                     k = Vec::new();
@@ -397,33 +410,17 @@ impl Folded {
                 );
             }
             let o = mv(&lw.o, &attn);
-            let so = rms_scale(&o, eps);
-            let xa: Vec<f32> = (0..h)
-                .map(|j| x[j] + o[j] * so * lw.post_attn_norm[j])
-                .collect();
-            let sm = rms_scale(&xa, eps);
-            let m: Vec<f32> = xa
-                .iter()
-                .zip(&lw.pre_ffn_norm)
-                .map(|(v, g)| v * sm * g)
-                .collect();
+            let xa = branch(&x, &o, rms_scale(&o, eps), &lw.post_attn_norm);
+            let m = normed(&xa, &lw.pre_ffn_norm, eps);
             let (gt, up) = (mv(&lw.gate, &m), mv(&lw.up, &m));
             let z: Vec<f32> = gt.iter().zip(&up).map(|(a, b)| gelu_tanh(*a) * b).collect();
             let d = mv(&lw.down, &z);
             let sf = rms_scale(&d, eps);
-            let hres: Vec<f32> = (0..h)
-                .map(|j| xa[j] + d[j] * sf * lw.post_ffn_norm[j])
-                .collect();
+            let hres = branch(&xa, &d, sf, &lw.post_ffn_norm);
             let lp = lw.ple.as_ref().unwrap();
             let pre = match self.folds.as_ref().filter(|_| self.fold_g) {
                 // G h = G x' + s_f G' z.
-                Some(folds) => {
-                    let (a, b) = (mv(&lp.gate, &xa), mv(&folds[li].gd, &z));
-                    a.iter()
-                        .zip(&b)
-                        .map(|(a, b)| a + sf * b)
-                        .collect::<Vec<f32>>()
-                }
+                Some(folds) => add_scaled(&mv(&lp.gate, &xa), &mv(&folds[li].gd, &z), sf),
                 None => mv(&lp.gate, &hres),
             };
             let pin = &ple[li * pd..(li + 1) * pd];
@@ -443,16 +440,14 @@ impl Folded {
             });
         }
         let cr = carry.unwrap();
-        let lp = w.layers[spec.n_layers() - 1].ple.as_ref().unwrap();
-        let x: Vec<f32> = (0..h)
-            .map(|j| (cr.h[j] + cr.y[j] * cr.s_y * lp.post_norm[j]) * cr.c)
-            .collect();
-        let r = rms_scale(&x, eps);
-        let xn: Vec<f32> = x
-            .iter()
-            .zip(&w.final_norm)
-            .map(|(v, g)| v * r * g)
-            .collect();
+        let x = cr.residual(
+            &w.layers[spec.n_layers() - 1]
+                .ple
+                .as_ref()
+                .unwrap()
+                .post_norm,
+        );
+        let xn = normed(&x, &w.final_norm, eps);
         let mut logits = mv(w.lm_head(), &xn);
         if let Some(c) = spec.final_softcap {
             logits.iter_mut().for_each(|v| *v = softcap(*v, c));

@@ -133,18 +133,13 @@ impl CudaRunner {
         }
         // The timing probe's operations left out (none by default).
         let labels: Vec<&str> = self.plan.iter().map(|l| l.label).collect();
-        let skip = probe_skip(
-            std::env::var("HAYAI_STREAM_PROBE_SKIP").ok().as_deref(),
+        let skip = probe_env(
+            "HAYAI_STREAM_PROBE_SKIP",
             &labels,
-        )
-        .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_SKIP: {m}")))?;
-        if !skip.is_empty() {
-            eprintln!(
-                "warning: HAYAI_STREAM_PROBE_SKIP={}: the streamed step runs without these \
-                 operations, a timing probe whose outputs are wrong",
-                skip.join(",")
-            );
-        }
+            probe_skip,
+            "the streamed step runs without these operations, a timing probe whose outputs are \
+             wrong",
+        )?;
         let kept: Vec<&Launch> = self
             .plan
             .iter()
@@ -166,21 +161,15 @@ impl CudaRunner {
         let n = names.len();
         // The timing probe's operations started without their wait (none by default).
         let kept_labels: Vec<&str> = names.iter().map(|&(_, l)| l).collect();
-        let nowait = probe_labels(
-            std::env::var("HAYAI_STREAM_PROBE_NOWAIT").ok().as_deref(),
+        let nowait = probe_env(
+            "HAYAI_STREAM_PROBE_NOWAIT",
             &kept_labels,
-        )
-        .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_NOWAIT: {m}")))?;
-        if !nowait.is_empty() {
-            eprintln!(
-                "warning: HAYAI_STREAM_PROBE_NOWAIT={}: these operations start without waiting \
-                 for the one before them, a timing probe whose outputs are wrong (read only by \
-                 kernels built with -DSS_PROBE_NOWAIT=1)",
-                nowait.join(",")
-            );
-            mark_nowait(&mut bytes, &kept_labels, &nowait)
-                .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_NOWAIT: {m}")))?;
-        }
+            probe_labels,
+            "these operations start without waiting for the one before them, a timing probe \
+             whose outputs are wrong (read only by kernels built with -DSS_PROBE_NOWAIT=1)",
+        )?;
+        mark_nowait(&mut bytes, &kept_labels, &nowait)
+            .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_NOWAIT: {m}")))?;
         let meta = timeline_meta(&names, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
         let sm_base: Vec<u64> = streams.sm_base[..grid].iter().map(|&b| b as u64).collect();
@@ -461,6 +450,25 @@ fn argmax_own_wanted() -> bool {
 
 pub(super) fn env_i32(var: &str) -> Option<i32> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
+}
+
+/// How a timing probe's variable is read: its value and the plan's labels to the labels taken.
+type ProbeParse = fn(Option<&str>, &[&str]) -> Result<Vec<String>, String>;
+
+/// A timing probe's labels from the environment variable `var`, checked by `parse`; when any
+/// are set, a warning on stderr names them and says `what` they do.
+fn probe_env(
+    var: &str,
+    labels: &[&str],
+    parse: ProbeParse,
+    what: &str,
+) -> Result<Vec<String>, CudaError> {
+    let out = parse(std::env::var(var).ok().as_deref(), labels)
+        .map_err(|m| CudaError::Unsupported(format!("{var}: {m}")))?;
+    if !out.is_empty() {
+        eprintln!("warning: {var}={}: {what}", out.join(","));
+    }
+    Ok(out)
 }
 
 /// The streamed step's timing probe (`HAYAI_STREAM_PROBE_SKIP`, a comma-separated list of
