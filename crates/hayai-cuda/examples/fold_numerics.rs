@@ -38,7 +38,7 @@ use std::time::Instant;
 use half::bf16;
 use hayai_cuda::quant::{quantize_model_int4, round_model_bf16};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
-use hayai_model::cpu::ops::{attend, gelu_tanh, rope, softcap};
+use hayai_model::cpu::ops::{attend, gelu_tanh, rms_norm, rms_scale, rope, softcap};
 use hayai_model::cpu::{nudge, CpuRunner};
 use hayai_model::random::random_model;
 use hayai_model::{argmax, Arch, Matrix, Model, ModelSpec, Rows, Runner};
@@ -173,16 +173,11 @@ fn mv(m: &Matrix, x: &[f32]) -> Vec<f32> {
     y
 }
 
-/// `(mean(x^2) + eps)^-1/2`, the mean in f64 as the reference's `rms_norm`.
-fn rms_scale(x: &[f32], eps: f32) -> f32 {
-    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len() as f64;
-    1.0 / ((ms as f32) + eps).sqrt()
-}
-
-/// `x * (mean(x^2) + eps)^-1/2 * w`, as the reference's `rms_norm`.
+/// `x * (mean(x^2) + eps)^-1/2 * w`, the reference's `rms_norm`.
 fn normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let r = rms_scale(x, eps);
-    x.iter().zip(w).map(|(v, g)| v * r * g).collect()
+    let mut out = vec![0.0f32; x.len()];
+    rms_norm(x, Some(w), eps, &mut out);
+    out
 }
 
 /// `base + b * s * w` (a branch of scale `s` and norm weight `w` joining the residual).

@@ -1626,14 +1626,15 @@ __device__ void stream_body(const StreamParams& P) {
         unsigned long long* tl = ss_tl_op(P, k);
         ss_tl_at(tl, 0);
         // (Not an argmax over this SM's own lm_head rows: its own barrier ordered them.)
-#if SS_PROBE_NOWAIT
         // The timing probe HAYAI_STREAM_PROBE_NOWAIT (wrong outputs): an operation the host
         // marked starts on its stale input without waiting for the one before it, what one
         // grid-wide hand-over fewer would give with every cell still run.
-        if (k > 0 && tid == 0 && !(op.kind == STEP_ARGMAX1 && op.m.own) && !((const int*)&op)[SS_PROBE_WORD]) {
+#if SS_PROBE_NOWAIT
+        const bool nowait = ((const int*)&op)[SS_PROBE_WORD] != 0;
 #else
-        if (k > 0 && tid == 0 && !(op.kind == STEP_ARGMAX1 && op.m.own)) {
+        constexpr bool nowait = false;
 #endif
+        if (k > 0 && tid == 0 && !(op.kind == STEP_ARGMAX1 && op.m.own) && !nowait) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             ss_wait_count(P.done + k - 1, target);
         }

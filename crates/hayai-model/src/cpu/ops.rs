@@ -3,8 +3,7 @@
 /// `out = x * (mean(x^2) + eps)^-0.5 * w` (the weight is the effective multiplier; pass
 /// `None` for a weightless norm). The mean is accumulated in f64.
 pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len() as f64;
-    let r = 1.0 / ((ms as f32) + eps).sqrt();
+    let r = rms_scale(x, eps);
     match w {
         Some(w) => {
             for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
@@ -17,6 +16,12 @@ pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
             }
         }
     }
+}
+
+/// The RMS norm's factor `(mean(x^2) + eps)^-0.5`, the mean accumulated in f64.
+pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len() as f64;
+    1.0 / ((ms as f32) + eps).sqrt()
 }
 
 /// In-place RMSNorm of each `dim`-wide slice of `x`.
