@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use half::bf16;
+use hayai_cuda::check::compare_rows;
 use hayai_cuda::quant::{quantize_model_int4, round_model_bf16};
 use hayai_cuda::synth::{e4b_spec, random_model_bf16, small_spec};
 use hayai_model::cpu::ops::{attend, gelu_tanh, rms_norm, rms_scale, rope, softcap};
@@ -475,15 +476,6 @@ fn e4b_12_spec() -> ModelSpec {
     s
 }
 
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut d, mut n) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        d += ((x - y) as f64).powi(2);
-        n += (y as f64).powi(2);
-    }
-    (d / n).sqrt()
-}
-
 /// The reference's greedy decode from a fixed prompt, every step's logits kept.
 struct Reference {
     prompt: Vec<u32>,
@@ -552,10 +544,13 @@ fn compare(
         let logits = f.step(tok);
         if i + 1 >= p {
             let k = i + 1 - p;
-            let e = rel_l2(&logits, &re.logits[k]);
+            let (_, _, e, off) = compare_rows(
+                std::slice::from_ref(&logits),
+                std::slice::from_ref(&re.logits[k]),
+            );
             st.worst = st.worst.max(e);
             st.mean += e / steps as f64;
-            if argmax(&logits) != argmax(&re.logits[k]) {
+            if off > 0 {
                 st.mismatches += 1;
                 st.same = st.same.min(k);
             }

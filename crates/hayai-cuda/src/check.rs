@@ -177,7 +177,7 @@ fn greedy(r: &mut dyn Runner, first: u32, steps: usize) -> Result<Vec<u32>, Cuda
 }
 
 /// Compare every prompt logit row: (max |d|, max |ref|, rel L2, argmax mismatches).
-pub(crate) fn compare_rows(g: &[Vec<f32>], c: &[Vec<f32>]) -> (f32, f32, f64, usize) {
+pub fn compare_rows(g: &[Vec<f32>], c: &[Vec<f32>]) -> (f32, f32, f64, usize) {
     let (mut max_abs, mut max_ref, mut num, mut den, mut mism) = (0f32, 0f32, 0f64, 0f64, 0);
     for (gr, cr) in g.iter().zip(c) {
         for (&a, &b) in gr.iter().zip(cr) {
