@@ -621,22 +621,16 @@ __device__ __forceinline__ void ss_store_group(uint2* xf, SsShared& sm, int grp,
     }
 }
 
-#ifndef SS_O_MERGE
-#define SS_O_MERGE 0
-#endif
-// A measurement build's switch: read the probe word of each operation record (stream_step.cu's
-// wait, runner/stream.rs STREAM_PROBE_NOWAIT_AT), set by HAYAI_STREAM_PROBE_NOWAIT.
+// A measurement build's switch: read the probe word of each operation record (runner/stream.rs
+// STREAM_PROBE_AT, mark_probes): bit 0 set by HAYAI_STREAM_PROBE_NOWAIT (the operation starts
+// without its wait: stream_body), bit 1 by HAYAI_STREAM_PROBE_NOPROLOGUE (a GEMV without its
+// prologue: ss_gemv). Timing only, the outputs are wrong.
 #ifndef SS_PROBE_NOWAIT
 #define SS_PROBE_NOWAIT 0
 #endif
 #define SS_PROBE_WORD (STEP_OP_BYTES / 4 - 1)
-struct SsaLayout;
-#if SS_O_MERGE
-#ifndef SSA_MAX_RANGES
-#error "SS_O_MERGE needs SSA_MAX_RANGES (the ranges a lane of ss_merge_in holds)"
-#endif
-__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1);
-#endif
+#define SS_PROBE_NOWAIT_BIT 1
+#define SS_PROBE_NOPRO_BIT 2
 
 // FMT (SS_FMT_*): A8 int4 cells times int8 x (ss_cell); W16 bf16 cells (64 columns a group,
 // ss_cell16) multiplying the prologue's float x in place; W4 int4 cells times x as a 23-bit
@@ -645,8 +639,7 @@ template <int NCH, int FMT = SS_FMT_A8>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH, FMT == SS_FMT_W16 || FMT == SS_FMT_I8 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc,
                         volatile int* hold, unsigned long long* stamps, int x_floats, unsigned long long* tl,
-                        const uint4* sring = nullptr, const float* macc = nullptr, const float* mml = nullptr,
-                        const SsaLayout* mlay = nullptr) {
+                        const uint4* sring = nullptr) {
     constexpr bool W16 = FMT == SS_FMT_W16, W4 = FMT == SS_FMT_W4, I8 = FMT == SS_FMT_I8;
     constexpr int CU4 = W16 || I8 ? SS_W16_U4 : SS_CELL_U4;
     constexpr int GC = W16 ? 64 : 128;  // a group's (a cell's) columns
@@ -658,12 +651,15 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
-#if SS_O_MERGE
-    if (macc)
-        ss_merge_in(macc, mml, *mlay, xs, g0 * GC, g1 * GC);
-    else
+#if SS_PROBE_NOWAIT
+    // (g is a member of the operation's record, whose last word is the probe's.)
+    const bool nopro =
+        (((const int*)((const char*)&g - __builtin_offsetof(StepOp, g)))[SS_PROBE_WORD] & SS_PROBE_NOPRO_BIT) != 0;
+#else
+    constexpr bool nopro = false;
 #endif
-    gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * (GC / 4), g1 * (GC / 4),
+    if (!nopro)
+        gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * (GC / 4), g1 * (GC / 4),
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
     ss_tl_at(tl, 6);
     if (nt == 0) return;
@@ -682,10 +678,10 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // One warp per group; lane l holds columns 4 l .. 4 l + 3, which are B entry (t = l / 8,
     // c = l % 4), half (l / 4) % 2. (bf16 cells take x as the prologue left it.)
     if constexpr (W4) {
-        ss_x_digits(xs, sm, g0, g1, warp, lane);
+        if (!nopro) ss_x_digits(xs, sm, g0, g1, warp, lane);
         ConsumerThreads{}.sync();
     } else if constexpr (!W16 && !I8) {
-        for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+        for (int grp = g0 + warp; grp < g1 && !nopro; grp += SS_NW) {
             int q[4];
             const float m = act8_quantize4(((const float4*)(xs + grp * 128))[lane], q);
             ss_store_group(xf, sm, grp, q, __reduce_add_sync(HAYAI_FULL_MASK, q[0] + q[1] + q[2] + q[3]), m,
@@ -871,9 +867,6 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
 
 struct SsaLayout {
     int r, hd, tk, S, chunk, n_keys, first, pos;
-#if SS_O_MERGE
-    int om;  // the O projection merges this attention's ranges (ss_merge_in)
-#endif
     float *q, *o, *kf, *vf, *cs, *m, *l, *corr, *sc, *kt, *vt;
 };
 
@@ -903,24 +896,9 @@ __device__ __forceinline__ SsaLayout ssa_layout(const AttnParams& a, float* xs, 
         // run as tiles of 7 and 1.)
         const int mk = max(1, min(min_keys, L.tk));
         s0 = min(min((L.n_keys + mk - 1) / mk, max(1, (int)gridDim.x / a.nkv)), ATTN_MAX_SPLITS);
-#ifdef SSA_MAX_RANGES
-        // A measurement build (-DSSA_MAX_RANGES=N): at most N ranges a KV head, the longer ones
-        // as several tiles. What items of few ranges cost, which decides whether the merge
-        // could move into O's prologue (docs/performance.md, forty-sixth session's next steps).
-#if SS_O_MERGE && defined(SS_OM_KEYS)
-        // With SS_O_MERGE: only where N ranges keep an item within SS_OM_KEYS keys (a long
-        // context's global layers keep their ranges spread over the SMs and the merge).
-        if ((L.n_keys + SSA_MAX_RANGES - 1) / SSA_MAX_RANGES <= SS_OM_KEYS) s0 = min(s0, SSA_MAX_RANGES);
-#else
-        s0 = min(s0, SSA_MAX_RANGES);
-#endif
-#endif
     }
     L.chunk = (L.n_keys + s0 - 1) / s0;
     L.S = (L.n_keys + L.chunk - 1) / L.chunk;  // every range non-empty
-#if SS_O_MERGE
-    L.om = L.S <= SSA_MAX_RANGES;
-#endif
     float* p = xs;
     L.q = p;
     p += L.r * L.hd;
@@ -1464,16 +1442,6 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
         ssa_item(a, L, it, it == (int)blockIdx.x, stamps, tl);
     stamp_at(stamps, 1);
     ss_tl_at(tl, 5);
-#if defined(SS_PROBE_NOMERGE) || SS_O_MERGE
-    // SS_PROBE_NOMERGE, a timing-only measurement build (wrong outputs): no ranges barrier and
-    // no merge, so the attention's own publication is the O projection's link: what merging the
-    // ranges in O's prologue could save at most (docs/performance.md, forty-eighth session).
-    // SS_O_MERGE: the O projection merges them (ss_merge_in) where the ranges are few enough.
-#if SS_O_MERGE && !defined(SS_PROBE_NOMERGE)
-    if (L.om)
-#endif
-        return;
-#endif
     // Every SM's partials stored (the barrier orders this SM's stores before the release).
     ct.sync();
     if (tid == 0) {
@@ -1490,45 +1458,6 @@ __device__ void ssa_op(const AttnParams& a, float* xs, const SsaLayout& kept, un
     const int o0 = blockIdx.x * per, o1 = min(total, o0 + per);
     ssa_merge(a, hd, S, o0, o1, xs);
 }
-
-#if SS_O_MERGE
-// The O projection's input merged from the attention's ranges in its prologue (SS_O_MERGE, a
-// measurement build: no ranges barrier, no merge operation and no link between them): columns
-// [c0, c1) of the nh x hd outputs into xs, a lane a column: its S ranges' partials (at most
-// SS_OM = SSA_MAX_RANGES, in registers) and its head's (m, l) requested together, one round
-// trip; out = sum(acc_s e_s) / sum(l_s e_s), e_s = exp(m_s - max m) (ssa_merge's terms, the
-// ranges summed in order). No barrier before the sums: each warp works out its head's weights
-// (a first form with one warp a head and a barrier made the kernel spill).
-#define SS_OM SSA_MAX_RANGES
-__device__ void ss_merge_in(const float* pacc, const float* pml, const SsaLayout& L, float* xs, int c0, int c1) {
-    const int tid = threadIdx.x, lane = tid & 31;
-    const int hd = L.hd, S = L.S;
-    if (S > SS_OM) __trap();
-    // A warp's 32 columns lie in one head (c0 and hd multiples of 128): the warp works out that
-    // head's weights itself (lane s range s's), its loads in flight with the partials'.
-    for (int c = c0 + tid; c < c1; c += SS_NW * 32) {
-        const int h = c / hd, d = c - h * hd;
-        const float* pa = pacc + (size_t)h * ATTN_MAX_SPLITS * hd + d;
-        float v[SS_OM];
-#pragma unroll
-        for (int s = 0; s < SS_OM; s++) v[s] = s < S ? __ldcg(pa + (size_t)s * hd) : 0.f;
-        const float* ml = pml + 2 * (size_t)h * ATTN_MAX_SPLITS;
-        const bool in = lane < S;
-        const float m = in ? __ldcg(ml + 2 * lane) : -INFINITY, l = in ? __ldcg(ml + 2 * lane + 1) : 0.f;
-        const float mx = warp_max(m);
-        const float e = in ? expf(m - mx) : 0.f;
-        const float tot = warp_sum(l * e);
-        float acc = 0.f;
-#pragma unroll
-        for (int s = 0; s < SS_OM; s++) {
-            const float es = __shfl_sync(HAYAI_FULL_MASK, e, s);
-            if (s < S) acc = fmaf(v[s], es, acc);
-        }
-        xs[c] = acc * (1.f / tot);
-    }
-    ConsumerThreads{}.sync();
-}
-#endif
 
 // FMT: ss_gemv's cell format.
 // I8H: a bf16 kernel that also runs an int8 output head (SS_W_INT8 operations, the scale ring);
@@ -1601,13 +1530,6 @@ __device__ void stream_body(const StreamParams& P) {
     const unsigned target = done_base + (unsigned)nsm;
     const int avail = P.x_floats + SS_MAXG * 32;  // attention staging: x and the int8 fragments
     int pc = 0;
-#if SS_O_MERGE
-    // The last operation's attention partials when it was an attention (its O projection merges
-    // them: ss_merge_in).
-    __shared__ const float* om_acc;
-    __shared__ const float* om_ml;
-    bool after_attn = false;
-#endif
     for (int k = 0; k < P.n_ops; k++) {
         const StepOp& op = *(const StepOp*)op_stage[k & 1];
         // The next record (and, for a GEMV, this SM's share) staged before this one's wait.
@@ -1630,7 +1552,7 @@ __device__ void stream_body(const StreamParams& P) {
         // marked starts on its stale input without waiting for the one before it, what one
         // grid-wide hand-over fewer would give with every cell still run.
 #if SS_PROBE_NOWAIT
-        const bool nowait = ((const int*)&op)[SS_PROBE_WORD] != 0;
+        const bool nowait = (((const int*)&op)[SS_PROBE_WORD] & SS_PROBE_NOWAIT_BIT) != 0;
 #else
         constexpr bool nowait = false;
 #endif
@@ -1648,19 +1570,8 @@ __device__ void stream_body(const StreamParams& P) {
                 ss_gemv<NCH, I8H ? SS_FMT_I8 : FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps,
                                                      P.x_floats, tl, sring);
             else
-#if SS_O_MERGE
-                ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl,
-                                  nullptr, after_attn && lay.om ? om_acc : nullptr, om_ml, &lay);
-#else
                 ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
-#endif
         } else if (kind == STEP_ATTN) {
-#if SS_O_MERGE
-            if (tid == 0) {
-                om_acc = op.a.part_acc;
-                om_ml = op.a.part_ml;
-            }
-#endif
             ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {
             step_ple(op.p, op.p.ld / op.p.dim, sm.sred, ct);
@@ -1681,9 +1592,6 @@ __device__ void stream_body(const StreamParams& P) {
             if (stamps) atomicMax(stamps + 5, global_ns());
         }
         stamp_at(stamps, 4);
-#if SS_O_MERGE
-        after_attn = kind == STEP_ATTN;
-#endif
     }
     // Let the producer finish (cells of GEMVs this SM had no units of are none; this releases all).
     R.release_to(0xffffffffu - SS_CH);

@@ -345,6 +345,8 @@ pub struct CudaRunner {
     /// The streamed step's timing probe: the operations left out (`HAYAI_STREAM_PROBE_SKIP`),
     /// whose weights it does not stream.
     probe_skip: Vec<String>,
+    /// And the operations marked in place (`HAYAI_STREAM_PROBE_NOWAIT`, `_NOPROLOGUE`).
+    probe_marked: Vec<String>,
     /// Its recorded operations, for `op_outputs`.
     stream_debug: Option<stream::StreamDebug>,
     /// The streamed step's per-SM timeline layout (dumped by `profile_step` when
@@ -731,6 +733,7 @@ impl CudaRunner {
             opts: opts.clone(),
             launch_plan_reason: None,
             probe_skip: Vec::new(),
+            probe_marked: Vec::new(),
             len: 0,
             dev_io: None,
             logits_host: vec![0.0; spec.vocab],
@@ -795,6 +798,13 @@ impl CudaRunner {
     /// for or the streamed step runs).
     pub fn launch_plan_reason(&self) -> Option<&str> {
         self.launch_plan_reason.as_deref()
+    }
+
+    /// A streamed-step timing probe is in effect (`HAYAI_STREAM_PROBE_SKIP`, `_NOWAIT` or
+    /// `_NOPROLOGUE`): the steps' outputs are wrong by design, and with the wait left out not
+    /// even repeatable.
+    pub fn timing_probe(&self) -> bool {
+        !self.probe_skip.is_empty() || !self.probe_marked.is_empty()
     }
 
     pub fn quant(&self) -> Quant {

@@ -146,9 +146,7 @@ pub fn bench_engine(
         };
         let r = hayai_cuda::bench_engine(model, &opts)?;
         if as_json {
-            println!(
-                "{}",
-                json!({
+            let mut v = json!({
                     "model": name, "backend": "cuda", "gpu": r.gpu, "quant": r.cuda.quant.name(),
                     "prompt_len": r.prompt_len, "gen": r.gen, "prefill_ms": r.prefill_ms,
                     "tok_s": r.tok_s, "runs_tok_s": r.runs_tok_s, "ms_per_token": r.ms_per_token,
@@ -163,8 +161,10 @@ pub fn bench_engine(
                     "pct_of_measured": r.pct_of_measured, "stepwise_tok_s": r.stepwise_tok_s, "chained_tok_s": r.chained_tok_s,
                     "per_kernel": r.per_kernel.iter().map(|k| json!({"label": k.label, "launches": k.launches, "ms": k.ms})).collect::<Vec<_>>(),
                     "ops": r.ops.iter().map(|o| json!({"label": o.label, "kernel": o.kernel, "grid": [o.grid.0, o.grid.1], "launches": o.launches, "bytes": o.bytes, "us": o.us, "us_without_norm": o.us_without_norm})).collect::<Vec<_>>(),
-                })
-            );
+            });
+            // (Beside the literal: one more key would pass json!'s recursion limit.)
+            v["timing_probe"] = json!(r.timing_probe);
+            println!("{v}");
         } else {
             println!("model: {name}\n{}", r.to_text());
         }

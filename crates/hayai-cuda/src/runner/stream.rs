@@ -168,8 +168,19 @@ impl CudaRunner {
             "these operations start without waiting for the one before them, a timing probe \
              whose outputs are wrong (read only by kernels built with -DSS_PROBE_NOWAIT=1)",
         )?;
-        mark_nowait(&mut bytes, &kept_labels, &nowait)
-            .map_err(|m| CudaError::Unsupported(format!("HAYAI_STREAM_PROBE_NOWAIT: {m}")))?;
+        // And the GEMVs run without their prologue (none by default).
+        let noprologue = probe_env(
+            "HAYAI_STREAM_PROBE_NOPROLOGUE",
+            &kept_labels,
+            probe_gemv_labels,
+            "these GEMVs run on a stale input without their prologue (inputs, residual, norm, \
+             x's quantization), a timing probe whose outputs are wrong (read only by kernels \
+             built with -DSS_PROBE_NOWAIT=1)",
+        )?;
+        mark_probes(&mut bytes, &kept_labels, &nowait, &noprologue)
+            .map_err(|m| CudaError::Unsupported(format!("streamed-step timing probe: {m}")))?;
+        self.probe_marked = nowait;
+        self.probe_marked.extend(noprologue);
         let meta = timeline_meta(&names, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
         let sm_base: Vec<u64> = streams.sm_base[..grid].iter().map(|&b| b as u64).collect();
@@ -510,24 +521,57 @@ fn probe_labels(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, Strin
     Ok(out)
 }
 
+/// [`probe_labels`] for the probes that take GEMVs only (`HAYAI_STREAM_PROBE_NOPROLOGUE`).
+fn probe_gemv_labels(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, String> {
+    let out = probe_labels(var, labels)?;
+    match out.iter().find(|l| !l.starts_with("gemv.")) {
+        Some(l) => Err(format!(
+            "`{l}`: only GEMVs (gemv.*) have a prologue to leave out"
+        )),
+        None => Ok(out),
+    }
+}
+
 /// Where an operation record holds the probe word (stream_step.cu `SS_PROBE_WORD`): past every
 /// operation's parameters.
-const STREAM_PROBE_NOWAIT_AT: usize = STEP_OP_BYTES - 4;
+const STREAM_PROBE_AT: usize = STEP_OP_BYTES - 4;
+/// The probe word's bits (stream_step.cu `SS_PROBE_NOWAIT_BIT`, `SS_PROBE_NOPRO_BIT`).
+const PROBE_NOWAIT: i32 = 1;
+const PROBE_NOPROLOGUE: i32 = 2;
 
-/// The streamed step's second timing probe (`HAYAI_STREAM_PROBE_NOWAIT`, labels as
-/// [`probe_labels`]): every operation named (each layer's) is marked to start on its stale input
-/// without waiting for the operation before it, so the step shows what one grid-wide hand-over
-/// fewer would give with every cell still run (a fold's ceiling). Only kernels built with
-/// `-DSS_PROBE_NOWAIT=1` read the mark; the first operation has no wait to leave out.
-fn mark_nowait(bytes: &mut [u8], labels: &[&str], nowait: &[String]) -> Result<(), String> {
-    for (i, l) in labels.iter().enumerate().skip(1) {
-        if nowait.iter().any(|s| s == l) {
-            let word = &mut bytes[i * STEP_OP_BYTES + STREAM_PROBE_NOWAIT_AT..][..4];
-            if word.iter().any(|&b| b != 0) {
-                return Err(format!("{l}: its parameters reach the probe word"));
-            }
-            word.copy_from_slice(&1i32.to_le_bytes());
+/// The streamed step's in-situ timing probes, marked in each named operation's record (each
+/// layer's; labels as [`probe_labels`]). `nowait` (`HAYAI_STREAM_PROBE_NOWAIT`): the operation
+/// starts on its stale input without waiting for the one before it, so the step shows what one
+/// grid-wide hand-over fewer would give with every cell still run (a fold's ceiling; the first
+/// operation has no wait to leave out). `noprologue` (`HAYAI_STREAM_PROBE_NOPROLOGUE`, GEMVs):
+/// the GEMV multiplies whatever x its SM holds, without the prologue that builds it, so the step
+/// shows what that prologue costs where it runs. Only kernels built with `-DSS_PROBE_NOWAIT=1`
+/// read the word.
+fn mark_probes(
+    bytes: &mut [u8],
+    labels: &[&str],
+    nowait: &[String],
+    noprologue: &[String],
+) -> Result<(), String> {
+    for (i, l) in labels.iter().enumerate() {
+        let named = |v: &[String]| v.iter().any(|s| s == l);
+        let bits = if i > 0 && named(nowait) {
+            PROBE_NOWAIT
+        } else {
+            0
+        } | if named(noprologue) {
+            PROBE_NOPROLOGUE
+        } else {
+            0
+        };
+        if bits == 0 {
+            continue;
         }
+        let word = &mut bytes[i * STEP_OP_BYTES + STREAM_PROBE_AT..][..4];
+        if word.iter().any(|&b| b != 0) {
+            return Err(format!("{l}: its parameters reach the probe word"));
+        }
+        word.copy_from_slice(&bits.to_le_bytes());
     }
     Ok(())
 }
@@ -926,7 +970,7 @@ mod tests {
     /// The second probe marks every operation it names, each layer's, but the first (which
     /// has no wait), in the word past the parameters, and nothing else.
     #[test]
-    fn probe_nowait_marks_the_named_operations_past_their_parameters() {
+    fn probe_words_mark_the_named_operations_past_their_parameters() {
         let labels = [
             "gemv.qkv",
             "attention",
@@ -939,28 +983,41 @@ mod tests {
         assert!(probe_labels(Some("argmax"), &labels).is_err());
         let mut bytes = vec![0u8; labels.len() * STEP_OP_BYTES];
         bytes[7] = 9; // a parameter byte stays
-        mark_nowait(&mut bytes, &labels, &nowait).unwrap();
-        let word = |i: usize| {
+        mark_probes(&mut bytes, &labels, &nowait, &[]).unwrap();
+        let word = |bytes: &[u8], i: usize| {
             i32::from_le_bytes(
-                bytes[i * STEP_OP_BYTES + STREAM_PROBE_NOWAIT_AT..][..4]
+                bytes[i * STEP_OP_BYTES + STREAM_PROBE_AT..][..4]
                     .try_into()
                     .unwrap(),
             )
         };
         assert_eq!(
-            (0..labels.len()).map(word).collect::<Vec<_>>(),
+            (0..labels.len())
+                .map(|i| word(&bytes, i))
+                .collect::<Vec<_>>(),
             [0, 1, 0, 1, 1, 0]
         );
         assert_eq!(bytes.iter().filter(|&&b| b != 0).count(), 4);
         assert_eq!(bytes[7], 9);
         // Parameters that reach the word are an error, not overwritten.
-        bytes[STEP_OP_BYTES * 2 + STREAM_PROBE_NOWAIT_AT] = 5;
-        let e = mark_nowait(&mut bytes, &labels, &["gemv.o".to_string()]).unwrap_err();
+        bytes[STEP_OP_BYTES * 2 + STREAM_PROBE_AT] = 5;
+        let e = mark_probes(&mut bytes, &labels, &["gemv.o".to_string()], &[]).unwrap_err();
         assert!(e.contains("gemv.o"), "{e}");
         // The word sits past the largest record the stream takes (GEMV and attention).
         assert!(
             std::mem::size_of::<GemvParams>().max(std::mem::size_of::<AttnParams>())
-                <= STREAM_PROBE_NOWAIT_AT - 8
+                <= STREAM_PROBE_AT - 8
+        );
+        // The prologue probe: GEMVs only, the first operation too, its bit beside the wait's.
+        assert!(probe_gemv_labels(Some("attention"), &labels).is_err());
+        let nopro = probe_gemv_labels(Some("gemv.qkv"), &labels).unwrap();
+        let mut bytes = vec![0u8; labels.len() * STEP_OP_BYTES];
+        mark_probes(&mut bytes, &labels, &nowait, &nopro).unwrap();
+        assert_eq!(
+            (0..labels.len())
+                .map(|i| word(&bytes, i))
+                .collect::<Vec<_>>(),
+            [2, 1, 0, 3, 1, 0]
         );
     }
 
