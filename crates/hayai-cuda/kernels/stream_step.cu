@@ -540,6 +540,46 @@ struct SsShared {
     uint2 xzero[16];          // the B entries of lanes without a column-0 value
 };
 
+#ifndef SS_DIG_PAIR
+#define SS_DIG_PAIR 0
+#endif
+// ss_x_digits' arithmetic for one group in a warp's registers (this lane's 4 values): the three
+// digit words, this lane's part of the sum of x_q, the exponent e.
+struct SsDigits {
+    uint32_t wd[3];
+    int qs, e;
+};
+__device__ __forceinline__ SsDigits ss_digits_of(const float4 v4) {
+    SsDigits d;
+    const float m = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
+    // m = f 2^e, f in [0.5, 1): e = biased exponent - 126 (m normal and >= 2^-100).
+    d.e = max((int)((__float_as_uint(m) >> 23) & 255u) - 126, -100);
+    const float up = __uint_as_float((uint32_t)(127 + 22 - d.e) << 23);  // 2^(22 - e), exact
+    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+    d.wd[0] = d.wd[1] = d.wd[2] = 0u;
+    d.qs = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int q = __float2int_rn(v[i] * up);
+        d.qs += q;
+        const int d0 = (q << 24) >> 24, r = (q - d0) >> 8, d1 = (r << 24) >> 24, d2 = (r - d1) >> 8;
+        d.wd[0] |= (uint32_t)(d0 & 255) << (8 * i);
+        d.wd[1] |= (uint32_t)(d1 & 255) << (8 * i);
+        d.wd[2] |= (uint32_t)(d2 & 255) << (8 * i);
+    }
+    return d;
+}
+// Its stores (d.qs the warp's sum by then), after the warp's __syncwarp.
+__device__ __forceinline__ void ss_digits_store(const SsDigits& d, float* xs, SsShared& sm, int grp, int lane) {
+    uint32_t* t = (uint32_t*)(xs + grp * 128) + ((lane >> 3) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1);
+#pragma unroll
+    for (int j = 0; j < 3; j++) t[SS_DIG / 4 * j] = d.wd[j];
+    if (lane == 0) {
+        sm.xs8[grp] = d.qs;
+        sm.xsc[grp] = __uint_as_float((uint32_t)(127 + d.e - 22) << 23);  // 2^(e - 22), exact
+    }
+}
+
 // The W4 kernels' input: groups g0 .. g1 of the prologue's float x, a warp a group, as x_q =
 // rint(x / xsc) with xsc = 2^(e - 22), 2^e > max |x| the group's (so |x_q| <= 2^22, every
 // product by xsc exact), in balanced int8 digits x_q = d0 + 256 d1 + 65536 d2, each digit's 128
@@ -548,34 +588,36 @@ struct SsShared {
 // of x_q and xsc into sm.xs8 / sm.xsc. The scales from the exponent's bits (a group whose largest
 // |x| is under 2^-100, or zero, takes e = -100: its x_q are then 0 or exact small multiples).
 __device__ __forceinline__ void ss_x_digits(float* xs, SsShared& sm, int g0, int g1, int warp, int lane) {
-    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
-        const float4 v4 = ((const float4*)(xs + grp * 128))[lane];
-        const float m = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
-        // m = f 2^e, f in [0.5, 1): e = biased exponent - 126 (m normal and >= 2^-100).
-        const int e = max((int)((__float_as_uint(m) >> 23) & 255u) - 126, -100);
-        const float up = __uint_as_float((uint32_t)(127 + 22 - e) << 23);  // 2^(22 - e), exact
-        const float v[4] = {v4.x, v4.y, v4.z, v4.w};
-        uint32_t wd[3] = {0u, 0u, 0u};
-        int qs = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int q = __float2int_rn(v[i] * up);
-            qs += q;
-            const int d0 = (q << 24) >> 24, r = (q - d0) >> 8, d1 = (r << 24) >> 24, d2 = (r - d1) >> 8;
-            wd[0] |= (uint32_t)(d0 & 255) << (8 * i);
-            wd[1] |= (uint32_t)(d1 & 255) << (8 * i);
-            wd[2] |= (uint32_t)(d2 & 255) << (8 * i);
-        }
-        qs = __reduce_add_sync(HAYAI_FULL_MASK, qs);
+#if SS_DIG_PAIR
+    // A measurement build (-DSS_DIG_PAIR=1): a warp's groups two at a time, their loads, maxima,
+    // digits and sums as two independent chains before one __syncwarp and their stores (the
+    // same values: ss_digits_of's), so the chain's shuffles and conversions overlap where a
+    // warp has several groups (down's K slice: two to four a warp).
+    int grp = g0 + warp;
+    for (; grp + SS_NW < g1; grp += 2 * SS_NW) {
+        const float4 a = ((const float4*)(xs + grp * 128))[lane];
+        const float4 b = ((const float4*)(xs + (grp + SS_NW) * 128))[lane];
+        SsDigits da = ss_digits_of(a), db = ss_digits_of(b);
+        da.qs = __reduce_add_sync(HAYAI_FULL_MASK, da.qs);
+        db.qs = __reduce_add_sync(HAYAI_FULL_MASK, db.qs);
         __syncwarp();
-        uint32_t* t = (uint32_t*)(xs + grp * 128) + ((lane >> 3) * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1);
-#pragma unroll
-        for (int j = 0; j < 3; j++) t[SS_DIG / 4 * j] = wd[j];
-        if (lane == 0) {
-            sm.xs8[grp] = qs;
-            sm.xsc[grp] = __uint_as_float((uint32_t)(127 + e - 22) << 23);  // 2^(e - 22), exact
-        }
+        ss_digits_store(da, xs, sm, grp, lane);
+        ss_digits_store(db, xs, sm, grp + SS_NW, lane);
     }
+    if (grp < g1) {
+        SsDigits d = ss_digits_of(((const float4*)(xs + grp * 128))[lane]);
+        d.qs = __reduce_add_sync(HAYAI_FULL_MASK, d.qs);
+        __syncwarp();
+        ss_digits_store(d, xs, sm, grp, lane);
+    }
+#else
+    for (int grp = g0 + warp; grp < g1; grp += SS_NW) {
+        SsDigits d = ss_digits_of(((const float4*)(xs + grp * 128))[lane]);
+        d.qs = __reduce_add_sync(HAYAI_FULL_MASK, d.qs);
+        __syncwarp();
+        ss_digits_store(d, xs, sm, grp, lane);
+    }
+#endif
 }
 
 // Where a lane reads input group grp's B entries for ss_cell (in ss_gemv: xf, sm, lane): the mma
