@@ -555,15 +555,13 @@ fn mark_probes(
 ) -> Result<(), String> {
     for (i, l) in labels.iter().enumerate() {
         let named = |v: &[String]| v.iter().any(|s| s == l);
-        let bits = if i > 0 && named(nowait) {
-            PROBE_NOWAIT
-        } else {
-            0
-        } | if named(noprologue) {
-            PROBE_NOPROLOGUE
-        } else {
-            0
-        };
+        let mut bits = 0;
+        if i > 0 && named(nowait) {
+            bits |= PROBE_NOWAIT;
+        }
+        if named(noprologue) {
+            bits |= PROBE_NOPROLOGUE;
+        }
         if bits == 0 {
             continue;
         }
@@ -967,8 +965,9 @@ mod tests {
         }
     }
 
-    /// The second probe marks every operation it names, each layer's, but the first (which
-    /// has no wait), in the word past the parameters, and nothing else.
+    /// The in-situ probes mark every operation they name, each layer's, in the word past the
+    /// parameters and nothing else: the wait's bit on all but the first operation (which has
+    /// no wait), the prologue's on GEMVs only.
     #[test]
     fn probe_words_mark_the_named_operations_past_their_parameters() {
         let labels = [
