@@ -592,7 +592,7 @@ __device__ __forceinline__ void ss_x_digits(float* xs, SsShared& sm, int g0, int
     // A measurement build (-DSS_DIG_PAIR=1): a warp's groups two at a time, their loads, maxima,
     // digits and sums as two independent chains before one __syncwarp and their stores (the
     // same values: ss_digits_of's), so the chain's shuffles and conversions overlap where a
-    // warp has several groups (down's K slice: two to four a warp).
+    // warp has two groups (gate/up's and down's 20 an SM on E4B's shapes).
     int grp = g0 + warp;
     for (; grp + SS_NW < g1; grp += 2 * SS_NW) {
         const float4 a = ((const float4*)(xs + grp * 128))[lane];
