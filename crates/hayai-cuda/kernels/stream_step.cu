@@ -681,7 +681,7 @@ template <int NCH, int FMT = SS_FMT_A8>
 __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2* xf, SsShared& sm,
                         SsRing<NCH, FMT == SS_FMT_W16 || FMT == SS_FMT_I8 ? SS_W16_U4 : SS_CELL_U4>& R, int& pc,
                         volatile int* hold, unsigned long long* stamps, int x_floats, unsigned long long* tl,
-                        const uint4* sring = nullptr) {
+                        const uint4* sring = nullptr, int probe = 0) {
     constexpr bool W16 = FMT == SS_FMT_W16, W4 = FMT == SS_FMT_W4, I8 = FMT == SS_FMT_I8;
     constexpr int CU4 = W16 || I8 ? SS_W16_U4 : SS_CELL_U4;
     constexpr int GC = W16 ? 64 : 128;  // a group's (a cell's) columns
@@ -693,13 +693,9 @@ __device__ void ss_gemv(const GemvParams& g, const SmShare& sh, float* xs, uint2
     // The groups this SM multiplies: those of its slices (the prologue builds the whole vector
     // anyway when a norm or residual needs it).
     const int g0 = (int)sh.first_slice * gu, g1 = nt > 0 ? ((int)sh.last_slice + 1) * gu : g0;
-#if SS_PROBE_NOWAIT
-    // (g is a member of the operation's record, whose last word is the probe's.)
-    const bool nopro =
-        (((const int*)((const char*)&g - __builtin_offsetof(StepOp, g)))[SS_PROBE_WORD] & SS_PROBE_NOPRO_BIT) != 0;
-#else
-    constexpr bool nopro = false;
-#endif
+    // The timing probe HAYAI_STREAM_PROBE_NOPROLOGUE (`probe`: the record's probe word, 0 in the
+    // default build): the GEMV multiplies whatever x the SM holds.
+    const bool nopro = (probe & SS_PROBE_NOPRO_BIT) != 0;
     if (!nopro)
         gemv_prologue<true, 0, ConsumerThreads>(g, xs, sm.sred, false, stamps, g0 * (GC / 4), g1 * (GC / 4),
                                             ss_cst(g, xs, x_floats), ConsumerThreads{}, tl);
@@ -1594,10 +1590,11 @@ __device__ void stream_body(const StreamParams& P) {
         // marked starts on its stale input without waiting for the one before it, what one
         // grid-wide hand-over fewer would give with every cell still run.
 #if SS_PROBE_NOWAIT
-        const bool nowait = (((const int*)&op)[SS_PROBE_WORD] & SS_PROBE_NOWAIT_BIT) != 0;
+        const int probe = ((const int*)&op)[SS_PROBE_WORD];
 #else
-        constexpr bool nowait = false;
+        constexpr int probe = 0;
 #endif
+        const bool nowait = (probe & SS_PROBE_NOWAIT_BIT) != 0;
         if (k > 0 && tid == 0 && !(op.kind == STEP_ARGMAX1 && op.m.own) && !nowait) {
             // Every SM has published operation k - 1 (acquire: its outputs are visible).
             ss_wait_count(P.done + k - 1, target);
@@ -1610,9 +1607,10 @@ __device__ void stream_body(const StreamParams& P) {
         if (kind == STEP_GEMV) {
             if (I8H && op.g.int4 == SS_W_INT8)
                 ss_gemv<NCH, I8H ? SS_FMT_I8 : FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps,
-                                                     P.x_floats, tl, sring);
+                                                     P.x_floats, tl, sring, probe);
             else
-                ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl);
+                ss_gemv<NCH, FMT>(op.g, share_stage[k & 1], xs, xf, sm, R, pc, &hold, stamps, P.x_floats, tl,
+                                  nullptr, probe);
         } else if (kind == STEP_ATTN) {
             ssa_op(op.a, xs, lay, P.done + P.n_ops + k, target, stamps, tl);
         } else if (kind == STEP_PLE) {

@@ -345,8 +345,8 @@ pub struct CudaRunner {
     /// The streamed step's timing probe: the operations left out (`HAYAI_STREAM_PROBE_SKIP`),
     /// whose weights it does not stream.
     probe_skip: Vec<String>,
-    /// And the operations marked in place (`HAYAI_STREAM_PROBE_NOWAIT`, `_NOPROLOGUE`).
-    probe_marked: Vec<String>,
+    /// Operations marked in place (`HAYAI_STREAM_PROBE_NOWAIT`, `_NOPROLOGUE`).
+    probe_marked: bool,
     /// Its recorded operations, for `op_outputs`.
     stream_debug: Option<stream::StreamDebug>,
     /// The streamed step's per-SM timeline layout (dumped by `profile_step` when
@@ -733,7 +733,7 @@ impl CudaRunner {
             opts: opts.clone(),
             launch_plan_reason: None,
             probe_skip: Vec::new(),
-            probe_marked: Vec::new(),
+            probe_marked: false,
             len: 0,
             dev_io: None,
             logits_host: vec![0.0; spec.vocab],
@@ -804,7 +804,7 @@ impl CudaRunner {
     /// `_NOPROLOGUE`): the steps' outputs are wrong by design, and with the wait left out not
     /// even repeatable.
     pub fn timing_probe(&self) -> bool {
-        !self.probe_skip.is_empty() || !self.probe_marked.is_empty()
+        !self.probe_skip.is_empty() || self.probe_marked
     }
 
     pub fn quant(&self) -> Quant {

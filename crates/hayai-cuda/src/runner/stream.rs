@@ -179,8 +179,7 @@ impl CudaRunner {
         )?;
         mark_probes(&mut bytes, &kept_labels, &nowait, &noprologue)
             .map_err(|m| CudaError::Unsupported(format!("streamed-step timing probe: {m}")))?;
-        self.probe_marked = nowait;
-        self.probe_marked.extend(noprologue);
+        self.probe_marked = !nowait.is_empty() || !noprologue.is_empty();
         let meta = timeline_meta(&names, streams, grid);
         let shares: Vec<SmShare> = (0..grid).flat_map(|s| streams.sm_shares(s)).collect();
         let sm_base: Vec<u64> = streams.sm_base[..grid].iter().map(|&b| b as u64).collect();
@@ -499,8 +498,8 @@ fn probe_skip(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, String>
     Ok(out)
 }
 
-/// A timing probe's comma-separated operation labels (`HAYAI_STREAM_PROBE_SKIP`,
-/// `HAYAI_STREAM_PROBE_NOWAIT`), each once: GEMVs and the attention only, each a label of
+/// A timing probe's comma-separated operation labels (`HAYAI_STREAM_PROBE_SKIP`, `_NOWAIT`,
+/// `_NOPROLOGUE`), each once: GEMVs and the attention only, each a label of
 /// `labels` (the plan's).
 fn probe_labels(var: Option<&str>, labels: &[&str]) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
